@@ -1,0 +1,42 @@
+# retrieval-monitor: `make help` lists the targets.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+.PHONY: help venv demo test check lint typecheck unit bench clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP) ## create .venv and install the package with its test dependencies
+
+demo: $(STAMP) ## evaluate and compare the example golden set shipped in examples/golden
+	$(BIN)/retrieval-monitor evaluate --qrels examples/golden/qrels.jsonl --run examples/golden/run_hybrid_v7.jsonl
+	@echo
+	$(BIN)/retrieval-monitor compare --qrels examples/golden/qrels.jsonl examples/golden/run_hybrid_v7.jsonl examples/golden/run_dense_v8.jsonl
+
+test: $(STAMP) lint typecheck unit ## the whole test suite: lint, types, tests (installs what it needs)
+
+lint: $(STAMP) ## ruff lint and format check
+	$(BIN)/ruff check service tests examples
+	$(BIN)/ruff format --check service tests examples
+
+typecheck: $(STAMP) ## mypy --strict on the package
+	$(BIN)/mypy
+
+unit: $(STAMP) ## the pytest suite
+	$(BIN)/pytest -q
+
+bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in the same run)
+	$(BIN)/python tests/benchmarks/bench_evaluate.py
+
+clean: ## remove the virtual environment and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

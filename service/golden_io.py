@@ -1,0 +1,249 @@
+"""Reading golden sets: TREC qrels and runs, and their JSONL forms.
+
+Formats (detected per file: JSONL when the first non-blank line starts with ``{``):
+
+* TREC qrels: ``query_id iteration chunk_id grade`` (whitespace separated).
+* TREC run: ``query_id Q0 chunk_id rank score tag``, ordered as trec_eval orders it:
+  by score descending, ties by chunk id descending; the rank column is checked to
+  be an integer but not used.
+* JSONL qrels: ``{"query_id", "relevant": {"chunk": grade, ...}}`` or the golden-set
+  form ``{"query_id", "query", "relevant_chunk_ids": [...]}`` (grade 1 each).
+* JSONL run: ``{"query_id", "results": [...]}`` in rank order, items as in query
+  events (a string or ``{"chunk_id", "score"}``), optional ``context_k``.
+
+Grades are integers; a grade <= 0 is a judged non-relevant chunk (as in trec_eval).
+Every malformed line raises :class:`~service.errors.InputFileError` naming the file,
+the line and the field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
+from pydantic import Field as PydanticField
+
+from service.errors import InputFileError
+from service.events import ChunkId, NonNegativeInt, ScoredResult
+
+Judgments = dict[str, dict[str, int]]
+"""query id -> chunk id -> grade."""
+
+
+def _int_id_as_text(value: object) -> object:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+LooseQueryId = Annotated[
+    str,
+    BeforeValidator(_int_id_as_text),
+    StringConstraints(min_length=1, max_length=200, strict=True),
+]
+StrictInt = Annotated[int, PydanticField(strict=True)]
+
+
+class QrelsLine(BaseModel):
+    """One JSONL qrels line, in either of its two forms."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query_id: LooseQueryId
+    relevant: dict[ChunkId, StrictInt] | None = None
+    relevant_chunk_ids: list[ChunkId] | None = None
+    query: str | None = None
+
+
+class RunLine(BaseModel):
+    """One JSONL run line: a query's results in rank order."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    query_id: LooseQueryId
+    results: list[ChunkId | ScoredResult]
+    context_k: NonNegativeInt | None = None
+
+
+@dataclass
+class Run:
+    """Ranked chunk ids per query, with ``context_k`` where the run gave one."""
+
+    rankings: dict[str, list[str]]
+    context_k: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def duplicate_results(self) -> int:
+        """Repeated chunk ids within a query's list (they count as non-relevant)."""
+        return sum(len(docs) - len(set(docs)) for docs in self.rankings.values())
+
+
+_FIRST_VISIBLE = re.compile(r"\S")
+
+
+def _read_text(path: str | Path) -> tuple[str, bool]:
+    """The file's text and whether it is JSONL; raise on unreadable, non-UTF-8 or empty files."""
+    name = str(path)
+    try:
+        data = Path(path).read_bytes()
+    except OSError as error:
+        raise InputFileError(name, 0, "(file)", f"cannot read it: {error.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
+        raise InputFileError(
+            name, line, "(line)", "not valid UTF-8; save the file as UTF-8"
+        ) from None
+    first = _FIRST_VISIBLE.search(text)
+    if first is None:
+        raise InputFileError(name, 0, "(file)", "the file is empty")
+    return text, first.group() == "{"
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, text) of the non-blank lines."""
+    for number, line_text in enumerate(text.split("\n"), start=1):
+        if line_text and not line_text.isspace():
+            yield number, line_text
+
+
+def _validation_error(path: str, line: int, error: ValidationError) -> InputFileError:
+    item = error.errors()[0]
+    loc = ".".join(str(p) for p in item["loc"]) or "(line)"
+    if item["type"] == "json_invalid":
+        return InputFileError(path, line, "(line)", f"not valid JSON: {item['msg']}")
+    if item["type"] == "model_type":
+        return InputFileError(path, line, "(line)", "expected a JSON object {...} on each line")
+    shown = "" if item["type"] == "missing" else f" (got {item.get('input')!r:.60})"
+    return InputFileError(path, line, loc, f"{item['msg']}{shown}")
+
+
+def _duplicate_query(path: str, line: int, query_id: str, first_line: int) -> InputFileError:
+    return InputFileError(
+        path,
+        line,
+        "query_id",
+        f"query {query_id!r} already appeared at line {first_line}; "
+        "give each query one line",
+    )
+
+
+def _parse_int(path: str, line: int, name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise InputFileError(path, line, name, f"expected an integer, got {text!r}") from None
+
+
+def load_judgments(path: str | Path) -> Judgments:
+    """Read qrels (TREC or JSONL): query id -> chunk id -> grade, in file order."""
+    name = str(path)
+    judgments: Judgments = {}
+    text, is_jsonl = _read_text(path)
+    if is_jsonl:
+        seen: dict[str, int] = {}
+        for number, line in _lines(text):
+            try:
+                row = QrelsLine.model_validate_json(line)
+            except ValidationError as error:
+                raise _validation_error(name, number, error) from None
+            if row.query_id in seen:
+                raise _duplicate_query(name, number, row.query_id, seen[row.query_id])
+            seen[row.query_id] = number
+            if (row.relevant is None) == (row.relevant_chunk_ids is None):
+                raise InputFileError(
+                    name,
+                    number,
+                    "relevant",
+                    "give exactly one of 'relevant' {chunk: grade} or 'relevant_chunk_ids' [...]",
+                )
+            if row.relevant is not None:
+                judgments[row.query_id] = dict(row.relevant)
+            else:
+                judgments[row.query_id] = dict.fromkeys(row.relevant_chunk_ids or (), 1)
+        return judgments
+    first_seen: dict[tuple[str, str], int] = {}
+    for number, line in _lines(text):
+        parts = line.split()
+        if len(parts) != 4:
+            raise InputFileError(
+                name,
+                number,
+                "(line)",
+                f"expected 4 columns 'query_id iteration chunk_id grade', got {len(parts)}",
+            )
+        query_id, _, chunk_id, grade_text = parts
+        grade = _parse_int(name, number, "grade", grade_text)
+        per_query = judgments.setdefault(query_id, {})
+        if chunk_id in per_query:
+            raise InputFileError(
+                name,
+                number,
+                "chunk_id",
+                f"{chunk_id!r} is judged twice for query {query_id!r} "
+                f"(first at line {first_seen[(query_id, chunk_id)]}); keep one line",
+            )
+        first_seen[(query_id, chunk_id)] = number
+        per_query[chunk_id] = grade
+    return judgments
+
+
+def _trec_order(docs: list[str], scores: list[float]) -> list[str]:
+    """trec_eval's order: score descending, ties by chunk id descending."""
+    if scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores):
+        return docs
+    return [doc for _, doc in sorted(zip(scores, docs, strict=True), reverse=True)]
+
+
+def load_run(path: str | Path) -> Run:
+    """Read a run (TREC or JSONL): ranked chunk ids per query."""
+    name = str(path)
+    run = Run(rankings={})
+    text, is_jsonl = _read_text(path)
+    if is_jsonl:
+        seen: dict[str, int] = {}
+        for number, line in _lines(text):
+            try:
+                row = RunLine.model_validate_json(line)
+            except ValidationError as error:
+                raise _validation_error(name, number, error) from None
+            if row.query_id in seen:
+                raise _duplicate_query(name, number, row.query_id, seen[row.query_id])
+            seen[row.query_id] = number
+            run.rankings[row.query_id] = [
+                r if isinstance(r, str) else r.chunk_id for r in row.results
+            ]
+            if row.context_k is not None:
+                run.context_k[row.query_id] = row.context_k
+    else:
+        columns: dict[str, tuple[list[str], list[float]]] = {}
+        for number, line in _lines(text):
+            parts = line.split()
+            if len(parts) != 6:
+                raise InputFileError(
+                    name,
+                    number,
+                    "(line)",
+                    f"expected 6 columns 'query_id Q0 chunk_id rank score tag', got {len(parts)}",
+                )
+            _parse_int(name, number, "rank", parts[3])
+            try:
+                score = float(parts[4])
+            except ValueError:
+                score = math.nan
+            if not math.isfinite(score):
+                raise InputFileError(
+                    name, number, "score", f"expected a finite number, got {parts[4]!r}"
+                )
+            entry = columns.get(parts[0])
+            if entry is None:
+                entry = columns[parts[0]] = ([], [])
+            entry[0].append(parts[2])
+            entry[1].append(score)
+        for query_id, (docs, scores) in columns.items():
+            run.rankings[query_id] = _trec_order(docs, scores)
+    return run
