@@ -15,10 +15,25 @@ import random
 from pathlib import Path
 
 OUT = Path(__file__).parent / "golden"
-TOPICS = ["password reset", "SSO login", "invoice download", "API rate limits", "data export",
-          "webhook retries", "billing plans", "two-factor auth", "user roles", "audit logs"]
-ASKS = ["How do I configure {}?", "Why does {} fail?", "Where is {} documented?",
-        "What are the limits of {}?", "Can I automate {}?"]
+TOPICS = [
+    "password reset",
+    "SSO login",
+    "invoice download",
+    "API rate limits",
+    "data export",
+    "webhook retries",
+    "billing plans",
+    "two-factor auth",
+    "user roles",
+    "audit logs",
+]
+ASKS = [
+    "How do I configure {}?",
+    "Why does {} fail?",
+    "Where is {} documented?",
+    "What are the limits of {}?",
+    "Can I automate {}?",
+]
 
 
 def main() -> None:

@@ -21,8 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from service.errors import EventError
 
@@ -108,8 +107,22 @@ class FeedbackEvent(_Timestamped):
 _M = TypeVar("_M", bound=_Timestamped)
 
 
+_UNION_TAGS = frozenset({"constrained-str", "str", "ScoredResult"})
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A dotted field path such as ``results.3.chunk_id``, without pydantic's union tags."""
+    return ".".join(str(p) for p in loc if p not in _UNION_TAGS)
+
+
+def primary_error(error: ValidationError) -> ErrorDetails:
+    """The most specific error: for a union, the member error that got deepest into the input."""
+    errors = error.errors()
+    return max(errors, key=lambda item: len(item["loc"]))  # max keeps the first of equals
+
+
 def _reason(error: ValidationError) -> str:
-    first = error.errors()[0]
+    first = primary_error(error)
     kind = first["type"]
     top = str(first["loc"][0]) if first["loc"] else ""
     if kind == "json_invalid":
@@ -124,14 +137,14 @@ def _reason(error: ValidationError) -> str:
         return kind
     if not top:
         return "invalid_event"
-    return f"missing_{top}" if kind == "missing" else f"invalid_{top}"
+    return f"missing_{top}" if kind == "missing" and len(first["loc"]) == 1 else f"invalid_{top}"
 
 
 def describe(error: ValidationError, limit: int = 3) -> str:
     """A readable summary of a validation error: each field with what was wrong."""
     parts = []
     for item in error.errors()[:limit]:
-        field = ".".join(str(p) for p in item["loc"]) or "(event)"
+        field = field_path(item["loc"]) or "(event)"
         value = item.get("input")
         shown = repr(value)
         if len(shown) > 60:

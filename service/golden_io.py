@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, 
 from pydantic import Field as PydanticField
 
 from service.errors import InputFileError
-from service.events import ChunkId, NonNegativeInt, ScoredResult
+from service.events import ChunkId, NonNegativeInt, ScoredResult, field_path, primary_error
 
 Judgments = dict[str, dict[str, int]]
 """query id -> chunk id -> grade."""
@@ -112,8 +112,8 @@ def _lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def _validation_error(path: str, line: int, error: ValidationError) -> InputFileError:
-    item = error.errors()[0]
-    loc = ".".join(str(p) for p in item["loc"]) or "(line)"
+    item = primary_error(error)
+    loc = field_path(item["loc"]) or "(line)"
     if item["type"] == "json_invalid":
         return InputFileError(path, line, "(line)", f"not valid JSON: {item['msg']}")
     if item["type"] == "model_type":
@@ -127,8 +127,7 @@ def _duplicate_query(path: str, line: int, query_id: str, first_line: int) -> In
         path,
         line,
         "query_id",
-        f"query {query_id!r} already appeared at line {first_line}; "
-        "give each query one line",
+        f"query {query_id!r} already appeared at line {first_line}; give each query one line",
     )
 
 

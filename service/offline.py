@@ -194,6 +194,7 @@ def compare(
     baseline: Run,
     candidate: Run,
     ks: Sequence[int] = DEFAULT_KS,
+    *,
     names: tuple[str, str] = ("A", "B"),
     n_resamples: int = 10_000,
     seed: int = 0,
