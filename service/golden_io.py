@@ -18,8 +18,8 @@ the line and the field.
 
 from __future__ import annotations
 
+import itertools
 import math
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -81,34 +81,45 @@ class Run:
         return sum(len(docs) - len(set(docs)) for docs in self.rankings.values())
 
 
-_FIRST_VISIBLE = re.compile(r"\S")
+def _bad_utf8_line(path: str | Path) -> int:
+    data = Path(path).read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return data.count(b"\n", 0, error.start) + 1
+    return 0
 
 
-def _read_text(path: str | Path) -> tuple[str, bool]:
-    """The file's text and whether it is JSONL; raise on unreadable, non-UTF-8 or empty files."""
+def _stream(path: str | Path) -> Iterator[tuple[int, str]]:
+    """Yield (1-based number, text) of every line, streamed: big runs never sit in memory twice."""
     name = str(path)
     try:
-        data = Path(path).read_bytes()
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 (closed by the with below)
     except OSError as error:
         raise InputFileError(name, 0, "(file)", f"cannot read it: {error.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise InputFileError(
-            name, line, "(line)", "not valid UTF-8; save the file as UTF-8"
-        ) from None
-    first = _FIRST_VISIBLE.search(text)
-    if first is None:
-        raise InputFileError(name, 0, "(file)", "the file is empty")
-    return text, first.group() == "{"
+    with handle:
+        try:
+            yield from enumerate(handle, start=1)
+        except UnicodeDecodeError:
+            raise InputFileError(
+                name, _bad_utf8_line(path), "(line)", "not valid UTF-8; save the file as UTF-8"
+            ) from None
 
 
-def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """Yield (1-based line number, text) of the non-blank lines."""
-    for number, line_text in enumerate(text.split("\n"), start=1):
-        if line_text and not line_text.isspace():
-            yield number, line_text
+def _open_lines(path: str | Path) -> tuple[Iterator[tuple[int, str]], bool]:
+    """The file's lines and whether it is JSONL (its first non-blank line starts with '{')."""
+    lines = _stream(path)
+    for number, line in lines:
+        text = line.strip()
+        if text:
+            return itertools.chain([(number, line)], lines), text.startswith("{")
+    raise InputFileError(str(path), 0, "(file)", "the file is empty")
+
+
+def _nonblank(lines: Iterator[tuple[int, str]]) -> Iterator[tuple[int, str]]:
+    for number, line in lines:
+        if not line.isspace():
+            yield number, line
 
 
 def _validation_error(path: str, line: int, error: ValidationError) -> InputFileError:
@@ -142,10 +153,10 @@ def load_judgments(path: str | Path) -> Judgments:
     """Read qrels (TREC or JSONL): query id -> chunk id -> grade, in file order."""
     name = str(path)
     judgments: Judgments = {}
-    text, is_jsonl = _read_text(path)
+    lines, is_jsonl = _open_lines(path)
     if is_jsonl:
         seen: dict[str, int] = {}
-        for number, line in _lines(text):
+        for number, line in _nonblank(lines):
             try:
                 row = QrelsLine.model_validate_json(line)
             except ValidationError as error:
@@ -165,8 +176,7 @@ def load_judgments(path: str | Path) -> Judgments:
             else:
                 judgments[row.query_id] = dict.fromkeys(row.relevant_chunk_ids or (), 1)
         return judgments
-    first_seen: dict[tuple[str, str], int] = {}
-    for number, line in _lines(text):
+    for number, line in _nonblank(lines):
         parts = line.split()
         if len(parts) != 4:
             raise InputFileError(
@@ -176,17 +186,21 @@ def load_judgments(path: str | Path) -> Judgments:
                 f"expected 4 columns 'query_id iteration chunk_id grade', got {len(parts)}",
             )
         query_id, _, chunk_id, grade_text = parts
-        grade = _parse_int(name, number, "grade", grade_text)
+        grade = (
+            int(grade_text)
+            if grade_text.isdigit()
+            else _parse_int(name, number, "grade", grade_text)
+        )
         per_query = judgments.setdefault(query_id, {})
         if chunk_id in per_query:
+            first = next(n for n, t in _stream(path) if t.split()[0:3:2] == [query_id, chunk_id])
             raise InputFileError(
                 name,
                 number,
                 "chunk_id",
                 f"{chunk_id!r} is judged twice for query {query_id!r} "
-                f"(first at line {first_seen[(query_id, chunk_id)]}); keep one line",
+                f"(first at line {first}); keep one line",
             )
-        first_seen[(query_id, chunk_id)] = number
         per_query[chunk_id] = grade
     return judgments
 
@@ -198,14 +212,53 @@ def _trec_order(docs: list[str], scores: list[float]) -> list[str]:
     return [doc for _, doc in sorted(zip(scores, docs, strict=True), reverse=True)]
 
 
+def _parse_trec_run(name: str, lines: Iterator[tuple[int, str]]) -> dict[str, list[str]]:
+    """Group a TREC run by query and order each list as trec_eval does.
+
+    The hot loop of ``evaluate`` on large runs: it binds the current query's list
+    methods once per query rather than looking the query up on every line.
+    """
+    columns: dict[str, tuple[list[str], list[float]]] = {}
+    current: str | None = None
+    add_doc = add_score = None
+    for number, line in lines:
+        parts = line.split()
+        if len(parts) != 6:
+            if not parts:
+                continue
+            raise InputFileError(
+                name,
+                number,
+                "(line)",
+                f"expected 6 columns 'query_id Q0 chunk_id rank score tag', got {len(parts)}",
+            )
+        query_id, _, doc, rank, score_text, _ = parts
+        if not rank.isdigit():
+            _parse_int(name, number, "rank", rank)
+        try:
+            score = float(score_text)
+        except ValueError:
+            score = math.nan
+        if score - score != 0.0:  # NaN or infinite
+            raise InputFileError(
+                name, number, "score", f"expected a finite number, got {score_text!r}"
+            )
+        if query_id != current or add_doc is None or add_score is None:
+            entry = columns.setdefault(query_id, ([], []))
+            add_doc, add_score, current = entry[0].append, entry[1].append, query_id
+        add_doc(doc)
+        add_score(score)
+    return {query_id: _trec_order(docs, scores) for query_id, (docs, scores) in columns.items()}
+
+
 def load_run(path: str | Path) -> Run:
     """Read a run (TREC or JSONL): ranked chunk ids per query."""
     name = str(path)
     run = Run(rankings={})
-    text, is_jsonl = _read_text(path)
+    lines, is_jsonl = _open_lines(path)
     if is_jsonl:
         seen: dict[str, int] = {}
-        for number, line in _lines(text):
+        for number, line in _nonblank(lines):
             try:
                 row = RunLine.model_validate_json(line)
             except ValidationError as error:
@@ -219,30 +272,5 @@ def load_run(path: str | Path) -> Run:
             if row.context_k is not None:
                 run.context_k[row.query_id] = row.context_k
     else:
-        columns: dict[str, tuple[list[str], list[float]]] = {}
-        for number, line in _lines(text):
-            parts = line.split()
-            if len(parts) != 6:
-                raise InputFileError(
-                    name,
-                    number,
-                    "(line)",
-                    f"expected 6 columns 'query_id Q0 chunk_id rank score tag', got {len(parts)}",
-                )
-            _parse_int(name, number, "rank", parts[3])
-            try:
-                score = float(parts[4])
-            except ValueError:
-                score = math.nan
-            if not math.isfinite(score):
-                raise InputFileError(
-                    name, number, "score", f"expected a finite number, got {parts[4]!r}"
-                )
-            entry = columns.get(parts[0])
-            if entry is None:
-                entry = columns[parts[0]] = ([], [])
-            entry[0].append(parts[2])
-            entry[1].append(score)
-        for query_id, (docs, scores) in columns.items():
-            run.rankings[query_id] = _trec_order(docs, scores)
+        run.rankings = _parse_trec_run(name, lines)
     return run

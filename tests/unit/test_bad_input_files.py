@@ -19,7 +19,13 @@ GOOD_TREC_RUN = "q1 Q0 a 1 2.0 t\nq1 Q0 x 2 1.0 t\nq2 Q0 b 1 5 t\n"
 CASES = [
     ("qrels", "q1 0 a 2\nq2 0 b\n", 2, "(line)", "expected 4 columns"),
     ("qrels", "q1 0 a 2\nq2 0 b high\n", 2, "grade", "expected an integer, got 'high'"),
-    ("qrels", "q1 0 a 2\nq1 0 a 1\n", 2, "chunk_id", "judged twice"),
+    (
+        "qrels",
+        "q1 0 a 2\nq1 0 a 1\n",
+        2,
+        "chunk_id",
+        "judged twice for query 'q1' (first at line 1)",
+    ),
     (
         "qrels",
         '{"query_id": "q1", "relevant": {"a": 2}}\n{"query_id": "q2"\n',

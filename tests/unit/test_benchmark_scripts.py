@@ -1,0 +1,30 @@
+"""The benchmark scripts still run and their variants still agree (tiny sizes, no timing claims)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_bench_evaluate_runs_and_all_variants_agree() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "bench_evaluate.py"),
+            "--queries",
+            "300",
+            "--results",
+            "30",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    assert "mean ndcg@10 equal in all variants (1e-9): True" in out
+    assert out.count("ratio pytrec_eval time / our time") == 2
