@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
 from pydantic import Field as PydanticField
@@ -133,13 +133,29 @@ def _validation_error(path: str, line: int, error: ValidationError) -> InputFile
     return InputFileError(path, line, loc, f"{item['msg']}{shown}")
 
 
-def _duplicate_query(path: str, line: int, query_id: str, first_line: int) -> InputFileError:
-    return InputFileError(
-        path,
-        line,
-        "query_id",
-        f"query {query_id!r} already appeared at line {first_line}; give each query one line",
-    )
+_Row = TypeVar("_Row", QrelsLine, RunLine)
+
+
+def _jsonl_rows(
+    name: str, lines: Iterator[tuple[int, str]], model: type[_Row]
+) -> Iterator[tuple[int, _Row]]:
+    """Validate each non-blank line as ``model``; a query id may appear on one line only."""
+    seen: dict[str, int] = {}
+    for number, line in _nonblank(lines):
+        try:
+            row = model.model_validate_json(line)
+        except ValidationError as error:
+            raise _validation_error(name, number, error) from None
+        first = seen.setdefault(row.query_id, number)
+        if first != number:
+            raise InputFileError(
+                name,
+                number,
+                "query_id",
+                f"query {row.query_id!r} already appeared at line {first}; "
+                "give each query one line",
+            )
+        yield number, row
 
 
 def _parse_int(path: str, line: int, name: str, text: str) -> int:
@@ -155,15 +171,7 @@ def load_judgments(path: str | Path) -> Judgments:
     judgments: Judgments = {}
     lines, is_jsonl = _open_lines(path)
     if is_jsonl:
-        seen: dict[str, int] = {}
-        for number, line in _nonblank(lines):
-            try:
-                row = QrelsLine.model_validate_json(line)
-            except ValidationError as error:
-                raise _validation_error(name, number, error) from None
-            if row.query_id in seen:
-                raise _duplicate_query(name, number, row.query_id, seen[row.query_id])
-            seen[row.query_id] = number
+        for number, row in _jsonl_rows(name, lines, QrelsLine):
             if (row.relevant is None) == (row.relevant_chunk_ids is None):
                 raise InputFileError(
                     name,
@@ -257,15 +265,7 @@ def load_run(path: str | Path) -> Run:
     run = Run(rankings={})
     lines, is_jsonl = _open_lines(path)
     if is_jsonl:
-        seen: dict[str, int] = {}
-        for number, line in _nonblank(lines):
-            try:
-                row = RunLine.model_validate_json(line)
-            except ValidationError as error:
-                raise _validation_error(name, number, error) from None
-            if row.query_id in seen:
-                raise _duplicate_query(name, number, row.query_id, seen[row.query_id])
-            seen[row.query_id] = number
+        for _, row in _jsonl_rows(name, lines, RunLine):
             run.rankings[row.query_id] = [
                 r if isinstance(r, str) else r.chunk_id for r in row.results
             ]
