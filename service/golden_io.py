@@ -194,11 +194,7 @@ def load_judgments(path: str | Path) -> Judgments:
                 f"expected 4 columns 'query_id iteration chunk_id grade', got {len(parts)}",
             )
         query_id, _, chunk_id, grade_text = parts
-        grade = (
-            int(grade_text)
-            if grade_text.isdigit()
-            else _parse_int(name, number, "grade", grade_text)
-        )
+        grade = _parse_int(name, number, "grade", grade_text)
         per_query = judgments.setdefault(query_id, {})
         if chunk_id in per_query:
             first = next(n for n, t in _stream(path) if t.split()[0:3:2] == [query_id, chunk_id])
@@ -228,7 +224,8 @@ def _parse_trec_run(name: str, lines: Iterator[tuple[int, str]]) -> dict[str, li
     """
     columns: dict[str, tuple[list[str], list[float]]] = {}
     current: str | None = None
-    add_doc = add_score = None
+    entry: tuple[list[str], list[float]] = ([], [])
+    add_doc, add_score = entry[0].append, entry[1].append  # rebound on the first line
     for number, line in lines:
         parts = line.split()
         if len(parts) != 6:
@@ -251,7 +248,7 @@ def _parse_trec_run(name: str, lines: Iterator[tuple[int, str]]) -> dict[str, li
             raise InputFileError(
                 name, number, "score", f"expected a finite number, got {score_text!r}"
             )
-        if query_id != current or add_doc is None or add_score is None:
+        if query_id != current:
             entry = columns.setdefault(query_id, ([], []))
             add_doc, add_score, current = entry[0].append, entry[1].append, query_id
         add_doc(doc)
