@@ -1,9 +1,45 @@
-"""Parsing of settings values shared by the commands (the service settings join later)."""
+"""Settings: one frozen object, from flags (`--name-with-dashes`) and `RETRIEVAL_MONITOR_*` env.
+
+Flags win over the environment, which wins over the defaults. Durations accept ``90s``,
+``5m``, ``1h``, ``2d`` or a number of seconds and are held as integer milliseconds
+(field names end in ``_ms`` internally only through the properties below; the setting
+names stay those of the contract).
+"""
 
 from __future__ import annotations
 
+import argparse
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
 from service.errors import ConfigError
 from service.ir_metrics import validate_ks
+
+ENV_PREFIX = "RETRIEVAL_MONITOR_"
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+
+
+def parse_duration_ms(value: object) -> int:
+    """``90s``, ``5m``, ``1h``, ``2d``, ``250ms`` or a number of seconds -> milliseconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 90s, 5m, 1h, 2d, got {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"a duration cannot be negative, got {value!r}")
+        return round(value * 1000)
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(
+            f"expected a duration such as 90s, 5m, 1h, 2d or a number of seconds, got {value!r}"
+        )
+    number, unit = match.groups()
+    return round(float(number) * _UNITS_MS[unit or "s"])
 
 
 def parse_ks(text: str) -> tuple[int, ...]:
@@ -21,3 +57,137 @@ def parse_ks(text: str) -> tuple[int, ...]:
             ) from None
         ks.append(k)
     return validate_ks(ks)
+
+
+def _ks(value: object) -> tuple[int, ...]:
+    if isinstance(value, str):
+        try:
+            return parse_ks(value)
+        except ConfigError as error:
+            raise ValueError(str(error)) from None
+    if isinstance(value, list | tuple):
+        return validate_ks(list(value))
+    raise ValueError(f"expected cutoffs such as 1,3,5,10,20, got {value!r}")
+
+
+def _durations(value: object) -> tuple[int, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple) or not items:
+        raise ValueError(f"expected durations such as 15m,1h,24h, got {value!r}")
+    spans = tuple(parse_duration_ms(item) for item in items)
+    if any(span <= 0 for span in spans):
+        raise ValueError(f"rolling windows must be positive, got {value!r}")
+    return spans
+
+
+Duration = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
+PositiveDuration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
+
+
+class Settings(BaseSettings):
+    """Every setting of the service. Durations are in milliseconds once parsed."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
+    )
+
+    kafka_bootstrap_servers: str = "127.0.0.1:9092"
+    queries_topic: str = "retrieval.queries"
+    feedback_topic: str = "retrieval.feedback"
+    windows_topic: str = "retrieval.windows"
+    deadletter_topic: str = "retrieval.deadletter"
+    group_id: str = "retrieval-monitor"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)
+    ks: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_ks)] = (1, 3, 5, 10, 20)
+    attribution_window: Duration = 30 * 60_000
+    clock_skew: Duration = 5_000
+    max_out_of_orderness: Duration = 60_000
+    idle_timeout: PositiveDuration = 30_000
+    max_future_skew: Duration = 5 * 60_000
+    window: PositiveDuration = 5 * 60_000
+    rolling_windows: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_durations)] = (
+        15 * 60_000,
+        3_600_000,
+        86_400_000,
+    )
+    max_pending_queries: int = Field(1_000_000, ge=1)
+    max_pending_feedback: int = Field(1_000_000, ge=1)
+    max_label_values: int = Field(50, ge=1)
+    commit_interval: PositiveDuration = 5_000
+    poll_timeout: PositiveDuration = 200
+    max_poll_records: int = Field(2000, ge=1)
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None
+    kafka_sasl_username: str | None = None
+    kafka_sasl_password: SecretStr | None = None
+    kafka_ssl_cafile: Path | None = None
+    kafka_ssl_certfile: Path | None = None
+    kafka_ssl_keyfile: Path | None = None
+
+    def kafka_client_config(self) -> dict[str, Any]:
+        """Connection and security settings in kafka-python's names (secrets unwrapped here)."""
+        config: dict[str, Any] = {
+            "bootstrap_servers": self.kafka_bootstrap_servers.split(","),
+            "security_protocol": self.kafka_security_protocol,
+        }
+        if self.kafka_sasl_mechanism is not None:
+            config["sasl_mechanism"] = self.kafka_sasl_mechanism
+        if self.kafka_sasl_username is not None:
+            config["sasl_plain_username"] = self.kafka_sasl_username
+        if self.kafka_sasl_password is not None:
+            config["sasl_plain_password"] = self.kafka_sasl_password.get_secret_value()
+        for name in ("cafile", "certfile", "keyfile"):
+            path = getattr(self, f"kafka_ssl_{name}")
+            if path is not None:
+                config[f"ssl_{name}"] = str(path)
+        return config
+
+
+def add_settings_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--name-with-dashes`` flag per setting; unset flags fall back to env, then defaults."""
+    group = parser.add_argument_group(
+        "settings", f"each flag is also an env var {ENV_PREFIX}<NAME>; flags win over env"
+    )
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = "unset" if default is None else _show_default(name, default)
+        group.add_argument(
+            "--" + name.replace("_", "-"),
+            dest=f"setting_{name}",
+            default=None,
+            metavar=name.upper(),
+            help=f"(default: {shown})",
+        )
+
+
+def _show_default(name: str, default: object) -> str:
+    if name in {"ks"} and isinstance(default, tuple):
+        return ",".join(str(v) for v in default)
+    return str(default)
+
+
+def settings_from_args(
+    args: argparse.Namespace, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Build the settings from parsed flags (given ones only), the environment and defaults."""
+    given = {
+        key.removeprefix("setting_"): value
+        for key, value in vars(args).items()
+        if key.startswith("setting_") and value is not None
+    }
+    return load_settings({**(overrides or {}), **given})
+
+
+def load_settings(values: Mapping[str, Any] | None = None) -> Settings:
+    """Settings from explicit values over env over defaults; ConfigError names each bad one."""
+    try:
+        return Settings(**dict(values or {}))
+    except ValidationError as error:
+        problems = []
+        for item in error.errors():
+            name = ".".join(str(p) for p in item["loc"])
+            flag = "--" + name.replace("_", "-")
+            problems.append(f"{flag} ({ENV_PREFIX}{name.upper()}): {item['msg']}")
+        raise ConfigError("invalid settings: " + "; ".join(problems)) from None

@@ -1,0 +1,204 @@
+"""HTTP (FastAPI): ``/metrics``, health, readiness, rolling metrics and closed windows.
+
+Built by an app factory around a :class:`~service.state.ServiceState`; handlers read
+the pipeline under its lock and copy what they need, so a slow client never holds the
+processing loop. Bad query parameters get a 422 with a message, never a 500.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+
+from service import __version__
+from service.aggregates import Moments
+from service.config import parse_duration_ms
+from service.events import to_epoch_ms
+from service.exporter import span_label
+from service.state import ServiceState
+from service.windows import SliceTotals, rfc3339
+
+MAX_SPAN_MS = 366 * 86_400_000
+
+
+class MetricValue(BaseModel):
+    """Mean over labelled queries with its 95% Student-t interval (None without data)."""
+
+    n: int
+    mean: float | None
+    ci_low: float | None
+    ci_high: float | None
+
+
+class SliceView(BaseModel):
+    """One (retriever, segment) over a span of closed windows."""
+
+    retriever: str
+    segment: str
+    queries: int
+    labelled: int
+    unlabelled_ratio: float | None
+    metrics: dict[str, MetricValue]
+
+
+class RollingResponse(BaseModel):
+    """``GET /api/v1/rolling``."""
+
+    window: str
+    watermark: str | None
+    slices: list[SliceView]
+
+
+class WindowView(SliceView):
+    """A closed window merged over partitions."""
+
+    window_start: str
+    window_end: str
+
+
+class WindowsResponse(BaseModel):
+    """``GET /api/v1/windows``."""
+
+    windows: list[WindowView]
+
+
+def _value(moments: Moments) -> MetricValue:
+    estimate = moments.estimate()
+    if estimate is None:
+        return MetricValue(n=moments.count, mean=None, ci_low=None, ci_high=None)
+    return MetricValue(
+        n=moments.count, mean=estimate.mean, ci_low=estimate.ci_low, ci_high=estimate.ci_high
+    )
+
+
+def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, ...]) -> SliceView:
+    empty = Moments()
+    return SliceView(
+        retriever=retriever,
+        segment=segment,
+        queries=totals.queries,
+        labelled=totals.labelled,
+        unlabelled_ratio=totals.unlabelled_ratio,
+        metrics={key: _value(totals.metrics.get(key, empty)) for key in keys},
+    )
+
+
+def _span(window: str) -> int:
+    try:
+        span = parse_duration_ms(window)
+    except ValueError as error:
+        raise HTTPException(status_code=422, detail=f"window: {error}") from None
+    if not 0 < span <= MAX_SPAN_MS:
+        raise HTTPException(status_code=422, detail="window must be between 1s and 366d")
+    return span
+
+
+def _since(since: str | None) -> int | None:
+    if since is None or since == "":
+        return None
+    try:
+        if since.replace(".", "", 1).isdigit():
+            return round(float(since) * 1000)
+        moment = datetime.fromisoformat(since)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise HTTPException(
+            status_code=422,
+            detail="since must be RFC 3339 with a UTC offset (2026-12-02T08:00:00Z) "
+            "or Unix epoch seconds",
+        )
+    return to_epoch_ms(moment)
+
+
+def get_state(request: Request) -> ServiceState:
+    """The service state of the app that received the request."""
+    service: ServiceState = request.app.state.service
+    return service
+
+
+State = Annotated[ServiceState, Depends(get_state)]
+
+
+def create_app(state: ServiceState) -> FastAPI:
+    """The HTTP API over one service state."""
+    app = FastAPI(
+        title="retrieval-monitor",
+        version=__version__,
+        description="Live retrieval quality (recall@k, hit rate, MRR, nDCG) from Kafka.",
+    )
+    app.state.service = state
+
+    @app.get("/metrics", include_in_schema=False)
+    def metrics(service: State) -> Response:
+        registry = service.registry
+        if registry is None:  # built in __post_init__
+            raise HTTPException(status_code=503, detail="registry not ready")
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz(service: State) -> JSONResponse:
+        """The processing loop is alive."""
+        beat = service.heartbeat_ms
+        now = service.wall_ms()
+        if beat is None or now - beat > service.stale_after_ms:
+            return JSONResponse({"status": "stalled", "reason": "the loop has not run"}, 503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz(service: State) -> JSONResponse:
+        """Partitions are assigned and the consumer polled recently."""
+        health = service.health
+        now = service.wall_ms()
+        if service.needs_assignment and health.assigned == 0:
+            return JSONResponse({"ready": False, "reason": "no partitions assigned yet"}, 503)
+        if health.last_poll_ms is None or now - health.last_poll_ms > service.stale_after_ms:
+            return JSONResponse({"ready": False, "reason": "not polling"}, 503)
+        return JSONResponse({"ready": True, "partitions": health.assigned})
+
+    @app.get("/api/v1/rolling")
+    def rolling(
+        service: State, window: Annotated[str, Query(max_length=20)] = "1h"
+    ) -> RollingResponse:
+        """Current rolling metrics per retriever and segment, with n and a 95% interval."""
+        span = _span(window)
+        pipeline = service.pipeline
+        with service.lock:
+            wm = pipeline.watermark_ms
+            views = {} if wm is None else pipeline.closed.rolling(span, wm)
+            keys = pipeline.metric_keys
+            slices = [_slice(r, s, totals, keys) for (r, s), totals in sorted(views.items())]
+        return RollingResponse(
+            window=span_label(span), watermark=None if wm is None else rfc3339(wm), slices=slices
+        )
+
+    @app.get("/api/v1/windows")
+    def windows(
+        service: State,
+        retriever: Annotated[str | None, Query(max_length=100)] = None,
+        segment: Annotated[str | None, Query(max_length=100)] = None,
+        since: Annotated[str | None, Query(max_length=40)] = None,
+    ) -> WindowsResponse:
+        """Closed windows (merged over partitions), oldest first."""
+        since_ms = _since(since)
+        pipeline = service.pipeline
+        with service.lock:
+            rows = pipeline.closed.listing(retriever or None, segment or None, since_ms)
+            keys = pipeline.metric_keys
+            size = pipeline.config.join.window_ms
+            out = [
+                WindowView(
+                    window_start=rfc3339(start),
+                    window_end=rfc3339(start + size),
+                    **_slice(r, s, totals, keys).model_dump(),
+                )
+                for r, s, start, totals in rows
+            ]
+        return WindowsResponse(windows=out)
+
+    return app

@@ -1,0 +1,41 @@
+"""Plain counters of what the pipeline saw and did, read by the Prometheus collector.
+
+The pure core only adds to these; ``exporter.py`` turns them into series at each scrape.
+Counters keyed by topic use the kinds ``queries`` and ``feedback``; the exporter maps
+them to the configured topic names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from service.aggregates import MetricAggregates, merge
+
+QUERIES = "queries"
+FEEDBACK = "feedback"
+
+
+@dataclass(slots=True)
+class Counts:
+    """Cumulative counts since the process started (only records not counted before)."""
+
+    events: Counter[str] = field(default_factory=Counter)
+    invalid: Counter[tuple[str, str]] = field(default_factory=Counter)
+    unmatched: Counter[str] = field(default_factory=Counter)
+    late: Counter[str] = field(default_factory=Counter)
+    duplicates: Counter[str] = field(default_factory=Counter)
+    duplicate_results: int = 0
+    evicted: Counter[str] = field(default_factory=Counter)
+    queries: Counter[tuple[str, str]] = field(default_factory=Counter)
+    label_overflow: Counter[str] = field(default_factory=Counter)
+    finalized: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
+    windows_published: int = 0
+    published: dict[tuple[str, str], MetricAggregates] = field(default_factory=dict)
+    first_seen_ms: dict[str, int] = field(default_factory=dict)
+
+    def add_published(self, retriever: str, segment: str, metrics: MetricAggregates) -> None:
+        """Fold a published window's aggregates into the cumulative summaries."""
+        key = (retriever, segment)
+        current = self.published.get(key)
+        self.published[key] = dict(metrics) if current is None else merge((current, metrics))

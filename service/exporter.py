@@ -1,0 +1,294 @@
+"""Prometheus exposition: a custom collector that reads the pipeline at each scrape.
+
+Summaries and finalised counts come from *published* windows only, so ``/metrics``
+agrees with the ``retrieval.windows`` topic by construction and a restart that
+re-reads unpublished records does not count them twice. Everything is registered on
+one :class:`~prometheus_client.CollectorRegistry` passed in, never the global one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from service.aggregates import SCALE
+from service.counters import FEEDBACK, QUERIES
+from service.pipeline import Pipeline
+
+SUMMARY_FAMILIES = {
+    "hit_rate": ("retrieval_hit", "1 if a relevant chunk is in the top k (success@k)"),
+    "recall": ("retrieval_recall", "relevant chunks in the top k / all relevant chunks"),
+    "precision": ("retrieval_precision", "relevant chunks in the top k / k"),
+    "ndcg": ("retrieval_ndcg", "nDCG@k, linear gain, ideal from all graded chunks"),
+}
+ROLLING_FAMILIES = {
+    "hit_rate": "retrieval_rolling_hit_rate",
+    "recall": "retrieval_rolling_recall",
+    "precision": "retrieval_rolling_precision",
+    "ndcg": "retrieval_rolling_ndcg",
+}
+
+
+def span_label(span_ms: int) -> str:
+    """``15m``, ``1h``, ``24h``: the ``window`` label of a rolling view."""
+    if span_ms % 3_600_000 == 0:
+        return f"{span_ms // 3_600_000}h"
+    if span_ms % 60_000 == 0:
+        return f"{span_ms // 60_000}m"
+    return f"{span_ms // 1000}s"
+
+
+@dataclass(slots=True)
+class SourceHealth:
+    """What the Kafka edge (or the demo feeder) reports for exposition and readiness."""
+
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    last_poll_ms: int | None = None
+    assigned: int = 0
+    polls: int = 0
+    commits: int = 0
+    published_records: int = 0
+    deadletters: int = 0
+
+
+class PipelineCollector(Collector):
+    """Every series of the contract, read under the pipeline lock at scrape time."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        lock: threading.Lock,
+        topic_names: Mapping[str, str],
+        health: SourceHealth,
+        extra: Callable[[], Iterator[Metric]] | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.lock = lock
+        self.topics = topic_names
+        self.health = health
+        self.extra = extra
+
+    def collect(self) -> Iterator[Metric]:
+        with self.lock:
+            metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
+            metrics += list(self._health())
+        yield from metrics
+        if self.extra is not None:
+            yield from self.extra()
+
+    def _counters(self) -> Iterator[Metric]:
+        c = self.pipeline.counts
+        topic = self.topics
+        queries = CounterMetricFamily(
+            "retrieval_queries", "Query events accepted.", labels=["retriever", "segment"]
+        )
+        for (retriever, segment), n in sorted(c.queries.items()):
+            queries.add_metric([retriever, segment], n)
+        yield queries
+        finalized = CounterMetricFamily(
+            "retrieval_queries_finalized",
+            "Queries finalised in published windows, by whether they had a relevant chunk.",
+            labels=["retriever", "segment", "labelled"],
+        )
+        for (retriever, segment, labelled), n in sorted(c.finalized.items()):
+            finalized.add_metric([retriever, segment, "true" if labelled else "false"], n)
+        yield finalized
+        yield _by_topic("retrieval_events", "Records consumed.", c.events, topic)
+        invalid = CounterMetricFamily(
+            "retrieval_invalid_events",
+            "Records rejected (and dead-lettered), by reason.",
+            labels=["topic", "reason"],
+        )
+        for (kind, reason), n in sorted(c.invalid.items()):
+            invalid.add_metric([topic[kind], reason], n)
+        yield invalid
+        yield _by_label(
+            "retrieval_feedback_unmatched",
+            "Feedback not applied to any query, by reason (no_query, outside_window).",
+            "reason",
+            c.unmatched,
+        )
+        yield _by_topic(
+            "retrieval_late_events", "Records after their query was final.", c.late, topic
+        )
+        yield _by_topic(
+            "retrieval_duplicate_events",
+            "Query events with an id already pending.",
+            c.duplicates,
+            topic,
+        )
+        yield _by_label("retrieval_evicted", "State dropped at the caps.", "kind", c.evicted)
+        yield _by_label(
+            "retrieval_label_overflow",
+            "Label values replaced by 'other' at the cap.",
+            "label",
+            c.label_overflow,
+        )
+        dup = CounterMetricFamily(
+            "retrieval_duplicate_results", "Query events whose results repeat a chunk id."
+        )
+        dup.add_metric([], c.duplicate_results)
+        yield dup
+        published = CounterMetricFamily("retrieval_windows_published", "Closed windows published.")
+        published.add_metric([], c.windows_published)
+        yield published
+        first = GaugeMetricFamily(
+            "retrieval_retriever_first_seen_timestamp_seconds",
+            "Event time of the first query seen from each retriever version.",
+            labels=["retriever"],
+        )
+        for retriever, ms in sorted(c.first_seen_ms.items()):
+            first.add_metric([retriever], ms / 1000)
+        yield first
+
+    def _summaries(self) -> Iterator[Metric]:
+        by_family: dict[str, SummaryMetricFamily] = {}
+        for family, (name, doc) in SUMMARY_FAMILIES.items():
+            by_family[family] = SummaryMetricFamily(
+                name, f"Per finalised labelled query: {doc}.", labels=["retriever", "segment", "k"]
+            )
+        rr = SummaryMetricFamily(
+            "retrieval_reciprocal_rank",
+            "Per finalised labelled query: 1/rank of the first relevant result (0 if none).",
+            labels=["retriever", "segment"],
+        )
+        cp = SummaryMetricFamily(
+            "retrieval_context_precision",
+            "Per finalised labelled query with context_k: relevant in the first context_k, share.",
+            labels=["retriever", "segment"],
+        )
+        for (retriever, segment), metrics in sorted(self.pipeline.counts.published.items()):
+            for key, moments in metrics.items():
+                total = moments.sum_fx / SCALE
+                if key == "mrr":
+                    rr.add_metric([retriever, segment], moments.count, total)
+                elif key == "context_precision":
+                    cp.add_metric([retriever, segment], moments.count, total)
+                else:
+                    family, k = key.split("@")
+                    by_family[family].add_metric([retriever, segment, k], moments.count, total)
+        yield from by_family.values()
+        yield rr
+        yield cp
+
+    def _rolling(self) -> Iterator[Metric]:
+        wm = self.pipeline.watermark_ms
+        families = {
+            f: GaugeMetricFamily(
+                n,
+                f"Rolling {f}@k over closed windows.",
+                labels=["retriever", "segment", "k", "window"],
+            )
+            for f, n in ROLLING_FAMILIES.items()
+        }
+        labels3 = ["retriever", "segment", "window"]
+        mrr = GaugeMetricFamily(
+            "retrieval_rolling_mrr", "Rolling MRR over closed windows.", labels=labels3
+        )
+        cp = GaugeMetricFamily(
+            "retrieval_rolling_context_precision", "Rolling context precision.", labels=labels3
+        )
+        labelled = GaugeMetricFamily(
+            "retrieval_rolling_labelled_queries",
+            "Labelled queries in the rolling view.",
+            labels=labels3,
+        )
+        ratio = GaugeMetricFamily(
+            "retrieval_rolling_unlabelled_ratio",
+            "Share of finalised queries without any relevant chunk in the rolling view.",
+            labels=labels3,
+        )
+        if wm is not None:
+            for span in self.pipeline.config.rolling_ms:
+                name = span_label(span)
+                for (retriever, segment), totals in sorted(
+                    self.pipeline.closed.rolling(span, wm).items()
+                ):
+                    labelled.add_metric([retriever, segment, name], totals.labelled)
+                    if totals.unlabelled_ratio is not None:
+                        ratio.add_metric([retriever, segment, name], totals.unlabelled_ratio)
+                    for key, moments in totals.metrics.items():
+                        mean = moments.mean
+                        if mean is None:
+                            continue  # no data is not zero: no sample at all
+                        if key == "mrr":
+                            mrr.add_metric([retriever, segment, name], mean)
+                        elif key == "context_precision":
+                            cp.add_metric([retriever, segment, name], mean)
+                        else:
+                            family, k = key.split("@")
+                            families[family].add_metric([retriever, segment, k, name], mean)
+        yield from families.values()
+        yield from (mrr, cp, labelled, ratio)
+
+    def _health(self) -> Iterator[Metric]:
+        p = self.pipeline
+        yield GaugeMetricFamily(
+            "retrieval_pending_queries", "Queries awaiting finalisation.", value=p.pending_queries
+        )
+        yield GaugeMetricFamily(
+            "retrieval_pending_feedback",
+            "Feedback events waiting for their query.",
+            value=p.pending_feedback,
+        )
+        wm = p.watermark_ms
+        watermark = GaugeMetricFamily(
+            "retrieval_watermark_timestamp_seconds",
+            "Event-time watermark: the minimum over assigned partitions.",
+        )
+        if wm is not None:
+            watermark.add_metric([], wm / 1000)
+        yield watermark
+        lag = GaugeMetricFamily(
+            "retrieval_consumer_lag", "Records not yet consumed.", labels=["topic", "partition"]
+        )
+        for (topic, partition), n in sorted(self.health.lag.items()):
+            lag.add_metric([topic, str(partition)], n)
+        yield lag
+        yield GaugeMetricFamily(
+            "retrieval_assigned_partitions",
+            "Partitions assigned to this process.",
+            value=self.health.assigned,
+        )
+        last = GaugeMetricFamily(
+            "retrieval_last_poll_timestamp_seconds", "Wall-clock time of the last poll."
+        )
+        if self.health.last_poll_ms is not None:
+            last.add_metric([], self.health.last_poll_ms / 1000)
+        yield last
+        dead = CounterMetricFamily(
+            "retrieval_deadletter_records", "Records sent to the dead-letter topic."
+        )
+        dead.add_metric([], self.health.deadletters)
+        yield dead
+
+
+def _by_topic(name: str, doc: str, counts: Mapping[str, int], topics: Mapping[str, str]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=["topic"])
+    for kind in (QUERIES, FEEDBACK):
+        family.add_metric([topics[kind]], counts.get(kind, 0))
+    return family
+
+
+def _by_label(name: str, doc: str, label: str, counts: Mapping[str, int]) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=[label])
+    for value, n in sorted(counts.items()):
+        family.add_metric([value], n)
+    return family
+
+
+def build_registry(collector: PipelineCollector) -> CollectorRegistry:
+    """A fresh registry holding the pipeline collector (never the global default)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return registry

@@ -1,0 +1,278 @@
+"""The event-time join of one partition: pending queries, waiting feedback, open windows.
+
+Partition p of the queries topic and partition p of the feedback topic form one
+stream with its own state and watermark, so its results do not depend on which
+replica processes it. A query is pending until the watermark passes
+``timestamp + attribution_window``; feedback in ``[ts - clock_skew, ts + attribution]``
+raises the grade of its chunk (grades are a maximum, so duplicates are harmless).
+Feedback that comes before its query waits. A window closes, and all its queries are
+finalised together, once the watermark reaches ``window_end + attribution_window``.
+
+Memory per pending query is kept small: chunk ids are stored as 64-bit hashes packed
+in one ``bytes`` (the metrics only need equality of ids within one query; a
+collision needs two ids of the same query to share 64 hash bits). Offsets are tracked
+so that the caller can commit the lowest offset still needed (see ``commit_offsets``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from service.counters import FEEDBACK as FEEDBACK_KIND
+from service.counters import QUERIES as QUERIES_KIND
+from service.counters import Counts
+from service.watermark import FEEDBACK, NEVER, QUERIES, PartitionWatermark
+
+
+@dataclass(frozen=True, slots=True)
+class JoinConfig:
+    """Event-time parameters in milliseconds (``idle_timeout_ms=None``: no idleness)."""
+
+    attribution_ms: int = 30 * 60_000
+    clock_skew_ms: int = 5_000
+    window_ms: int = 5 * 60_000
+    max_out_of_orderness_ms: int = 60_000
+    idle_timeout_ms: int | None = 30_000
+
+
+class OpenWindow:
+    """A window with queries not yet finalised, and the offsets needed to rebuild it."""
+
+    __slots__ = ("cursor", "min_fb_offset", "min_q_offset", "query_ids", "retriever", "segment")
+
+    def __init__(self, retriever: str, segment: str, first_offset: int) -> None:
+        self.retriever = retriever
+        self.segment = segment
+        self.query_ids: list[str] = []
+        self.cursor = 0  # query_ids before it were evicted
+        self.min_q_offset = first_offset
+        self.min_fb_offset = 1 << 62
+
+
+class PendingQuery:
+    """A query waiting for its attribution window to pass."""
+
+    __slots__ = ("context_k", "labels", "results", "ts_ms", "window")
+
+    def __init__(self, ts_ms: int, results: bytes, context_k: int, window: OpenWindow) -> None:
+        self.ts_ms = ts_ms
+        self.results = results  # native int64 chunk-id hashes, rank order
+        self.context_k = context_k  # -1 when the query logged none
+        self.labels: dict[int, int] | None = None  # chunk hash -> grade
+        self.window = window
+
+
+WindowKey = tuple[str, str, int]
+Orphan = tuple[int, int, int, int]
+"""Waiting feedback: (timestamp ms, chunk hash, grade, offset)."""
+
+
+class PartitionStream:
+    """Join state of one partition. Counting is skipped for offsets below ``counted_from``."""
+
+    def __init__(
+        self,
+        partition: int,
+        config: JoinConfig,
+        counts: Counts,
+        now_ms: Callable[[], int],
+        published_through_ms: int = NEVER,
+        counted_from: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.partition = partition
+        self.config = config
+        self.counts = counts
+        self.watermark = PartitionWatermark(
+            config.max_out_of_orderness_ms, config.idle_timeout_ms, now_ms
+        )
+        self.published_through_ms = published_through_ms
+        self.counted_from = list(counted_from)
+        self.next_offset = [-1, -1]
+        self.pending: dict[str, PendingQuery] = {}
+        self.windows: dict[WindowKey, OpenWindow] = {}
+        self.orphans: OrderedDict[str, list[Orphan]] = OrderedDict()
+        self.n_orphans = 0
+        self._recent: dict[str, None] = {}
+        self._recent_queue: deque[tuple[int, list[str]]] = deque()
+
+    # -- records -------------------------------------------------------------------------
+
+    def seen(self, topic: int, offset: int, now_ms: int) -> bool:
+        """Note a record's offset (valid or not); return whether it is to be counted."""
+        if offset >= self.next_offset[topic]:
+            self.next_offset[topic] = offset + 1
+        self.watermark.touch(topic, now_ms)
+        return offset >= self.counted_from[topic]
+
+    def add_query(
+        self,
+        offset: int,
+        count: bool,
+        query_id: str,
+        ts_ms: int,
+        retriever: str,
+        segment: str,
+        results: bytes,
+        context_k: int,
+    ) -> bool:
+        """Take a query event; return True when it was accepted (not late, not a duplicate)."""
+        cfg = self.config
+        start = ts_ms - ts_ms % cfg.window_ms
+        if start + cfg.window_ms <= self.published_through_ms:
+            if count:  # re-read records of published windows are expected and silent
+                self.counts.late[QUERIES_KIND] += 1
+            return False
+        self.watermark.observe(QUERIES, ts_ms)
+        if self.watermark.value > ts_ms + cfg.attribution_ms:
+            if count:
+                self.counts.late[QUERIES_KIND] += 1
+            return False
+        if query_id in self.pending:
+            if count:
+                self.counts.duplicates[QUERIES_KIND] += 1
+            return False
+        key = (retriever, segment, start)
+        window = self.windows.get(key)
+        if window is None:
+            window = self.windows[key] = OpenWindow(retriever, segment, offset)
+        window.query_ids.append(query_id)
+        query = PendingQuery(ts_ms, results, context_k, window)
+        self.pending[query_id] = query
+        if count:
+            self.counts.queries[retriever, segment] += 1
+        waiting = self.orphans.pop(query_id, None)
+        if waiting is not None:
+            self.n_orphans -= len(waiting)
+            for fb_ts, chunk, grade, fb_offset in waiting:
+                self._attach(query, fb_ts, chunk, grade, fb_offset)
+        return True
+
+    def add_feedback(
+        self, offset: int, count: bool, query_id: str, ts_ms: int, chunk: int, grade: int
+    ) -> None:
+        """Take a feedback event with its grade (already mapped from its signal)."""
+        cfg = self.config
+        self.watermark.observe(FEEDBACK, ts_ms)
+        wm = self.watermark.value
+        query = self.pending.get(query_id)
+        if query is not None:
+            if wm > query.ts_ms + cfg.attribution_ms:
+                if count:
+                    self.counts.late[FEEDBACK_KIND] += 1
+            elif not self._attach(query, ts_ms, chunk, grade, offset) and count:
+                self.counts.unmatched["outside_window"] += 1
+            return
+        if query_id in self._recent:
+            if count:
+                self.counts.late[FEEDBACK_KIND] += 1
+            return
+        if wm > ts_ms + cfg.clock_skew_ms + cfg.attribution_ms:
+            if count:  # no query that it could belong to can still be pending
+                self.counts.unmatched["no_query"] += 1
+            return
+        waiting = self.orphans.get(query_id)
+        if waiting is None:
+            self.orphans[query_id] = [(ts_ms, chunk, grade, offset)]
+        else:
+            waiting.append((ts_ms, chunk, grade, offset))
+        self.n_orphans += 1
+
+    def _attach(self, query: PendingQuery, ts_ms: int, chunk: int, grade: int, offset: int) -> bool:
+        cfg = self.config
+        if not query.ts_ms - cfg.clock_skew_ms <= ts_ms <= query.ts_ms + cfg.attribution_ms:
+            return False
+        labels = query.labels
+        if labels is None:
+            labels = query.labels = {}
+        if grade > labels.get(chunk, -1):
+            labels[chunk] = grade
+        window = query.window
+        window.min_fb_offset = min(window.min_fb_offset, offset)
+        return True
+
+    # -- time ----------------------------------------------------------------------------
+
+    def closable(self) -> list[WindowKey]:
+        """Windows whose every query the watermark has finalised, oldest first."""
+        limit = self.watermark.value - self.config.attribution_ms - self.config.window_ms
+        return sorted(key for key in self.windows if key[2] <= limit)
+
+    def close(self, key: WindowKey) -> list[PendingQuery]:
+        """Remove a closable window and return its (non-evicted) queries in arrival order."""
+        window = self.windows.pop(key)
+        out: list[PendingQuery] = []
+        ids = window.query_ids[window.cursor :]
+        pending = self.pending
+        for query_id in ids:
+            query = pending.get(query_id)
+            if query is not None and query.window is window:
+                del pending[query_id]
+                out.append(query)
+                self._recent[query_id] = None
+        end = key[2] + self.config.window_ms
+        self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
+        return out
+
+    def mark_published(self, end_ms: int) -> None:
+        """Windows of this partition ending at or before ``end_ms`` are published."""
+        self.published_through_ms = max(self.published_through_ms, end_ms)
+
+    def expire(self) -> None:
+        """Forget waiting feedback that no pending query can claim, and old finalised ids."""
+        cfg = self.config
+        wm = self.watermark.value
+        limit = wm - cfg.clock_skew_ms - cfg.attribution_ms
+        orphans = self.orphans
+        while orphans:
+            query_id, waiting = next(iter(orphans.items()))
+            if max(item[0] for item in waiting) >= limit:
+                break
+            orphans.popitem(last=False)
+            self.n_orphans -= len(waiting)
+            counted = sum(1 for item in waiting if item[3] >= self.counted_from[FEEDBACK])
+            self.counts.unmatched["no_query"] += counted
+        queue = self._recent_queue
+        while queue and queue[0][0] < wm:
+            for query_id in queue.popleft()[1]:
+                self._recent.pop(query_id, None)
+
+    # -- caps ----------------------------------------------------------------------------
+
+    def evict_query(self) -> bool:
+        """Drop the oldest pending query (from the oldest open window); False if none."""
+        for key in sorted(self.windows, key=lambda k: k[2]):
+            window = self.windows[key]
+            while window.cursor < len(window.query_ids):
+                query_id = window.query_ids[window.cursor]
+                window.cursor += 1
+                query = self.pending.get(query_id)
+                if query is not None and query.window is window:
+                    del self.pending[query_id]
+                    return True
+        return False
+
+    def evict_feedback(self) -> int:
+        """Drop the oldest waiting feedback of one query; return how many events went."""
+        if not self.orphans:
+            return 0
+        _, waiting = self.orphans.popitem(last=False)
+        self.n_orphans -= len(waiting)
+        return len(waiting)
+
+    # -- commits -------------------------------------------------------------------------
+
+    def commit_offsets(self) -> tuple[int, int]:
+        """Per topic, the lowest offset still needed to rebuild the unpublished state.
+
+        -1 means nothing was read on that topic yet (nothing to commit).
+        """
+        q_needed = [w.min_q_offset for w in self.windows.values()]
+        fb_needed = [w.min_fb_offset for w in self.windows.values()]
+        if self.orphans:
+            fb_needed.append(next(iter(self.orphans.values()))[0][3])
+        q = min([*q_needed, self.next_offset[QUERIES]]) if self.next_offset[QUERIES] >= 0 else -1
+        nfb = self.next_offset[FEEDBACK]
+        fb = min([*fb_needed, nfb]) if nfb >= 0 else -1
+        return q, fb

@@ -1,0 +1,277 @@
+"""The Kafka edge (kafka-python): consume both topics, publish windows and dead letters.
+
+One consumer group subscribed to both input topics with the range assignor, so a
+member holds the same partition numbers of both (they must have equal partition
+counts; checked at start). Values are read as raw bytes and parsed here, so a poison
+pill is dead-lettered instead of blocking its partition. Auto-commit is off: after
+closed windows are published and flushed, the lowest offsets still needed are
+committed with the restart markers (``service.offsets``).
+
+Threads: kafka-python runs rebalance callbacks on its IO thread. The pipeline lock is
+never held while this (main) thread waits on the consumer, so a callback that takes
+the lock cannot deadlock with it; callbacks publish with the producer (its own thread)
+and commit through the coordinator's async API.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from typing import Any
+
+import orjson
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.structs import OffsetAndMetadata
+
+from service.config import Settings
+from service.errors import ConfigError, EventError
+from service.events import decode_feedback, decode_query
+from service.offsets import commit_plan, restart_from
+from service.state import ServiceState
+from service.watermark import FEEDBACK, QUERIES
+from service.windows import ClosedWindow
+
+log = logging.getLogger("retrieval_monitor.kafka")
+
+
+def check_copartitioned(queries: int | None, feedback: int | None, settings: Settings) -> int:
+    """Refuse to run unless both input topics exist with the same partition count."""
+    names = (settings.queries_topic, settings.feedback_topic)
+    for name, count in zip(names, (queries, feedback), strict=True):
+        if not count:
+            raise ConfigError(
+                f"topic {name!r} does not exist on {settings.kafka_bootstrap_servers}; create it "
+                f"with as many partitions as {names[1] if name == names[0] else names[0]!r}"
+            )
+    if queries != feedback:
+        raise ConfigError(
+            f"topics {names[0]!r} ({queries} partitions) and {names[1]!r} ({feedback} partitions) "
+            "must have the same partition count: a query and its feedback are joined by "
+            "partition number. Add partitions to the smaller one (kafka-topics --alter "
+            "--partitions N) and make the producers key both topics by query_id."
+        )
+    return queries or 0
+
+
+class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, edge: KafkaEdge) -> None:
+        self.edge = edge
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        offsets = self.edge.hand_over({tp.partition for tp in revoked})
+        if offsets:
+            try:  # the coordinator's own async commit: we are on its IO thread
+                await self.edge.consumer._coordinator._commit_offsets_sync_async(offsets)
+            except Exception as error:  # the new owner re-reads from the older commit
+                log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        tps = set(assigned)
+        committed = await self.edge.consumer._coordinator.fetch_committed_offsets_async(tps)
+        self.edge.take_over(tps, committed)
+
+    async def on_partitions_lost(self, lost: Any) -> None:
+        self.edge.drop({tp.partition for tp in lost})
+
+
+class KafkaEdge:
+    """Consumer loop around the pipeline of a :class:`ServiceState`."""
+
+    def __init__(self, settings: Settings, state: ServiceState) -> None:
+        self.settings = settings
+        self.state = state
+        self.pipeline = state.pipeline
+        self.lock = state.lock
+        self.topics = (settings.queries_topic, settings.feedback_topic)
+        client = settings.kafka_client_config()
+        self.consumer = KafkaConsumer(
+            **client,
+            group_id=settings.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            partition_assignment_strategy=[RangePartitionAssignor],
+            max_poll_records=settings.max_poll_records,
+            client_id="retrieval-monitor",
+        )
+        self.producer = KafkaProducer(
+            **client, acks="all", linger_ms=20, client_id="retrieval-monitor-publisher"
+        )
+        self._last_commit_ms = 0
+        self._last_lag_ms = 0
+
+    # -- start ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Check the topics and join the group."""
+        counts = [self.consumer.partitions_for_topic(t) for t in self.topics]
+        n = check_copartitioned(
+            len(counts[0]) if counts[0] else None,
+            len(counts[1]) if counts[1] else None,
+            self.settings,
+        )
+        log.info("topics %s and %s have %d partitions each", *self.topics, n)
+        self.consumer.subscribe(list(self.topics), listener=_Listener(self))
+
+    # -- rebalance callbacks (IO thread) -------------------------------------------------
+
+    def take_over(self, assigned: set[Any], committed: dict[Any, Any]) -> None:
+        """Start newly assigned partitions from their committed offsets and markers."""
+        partitions = {tp.partition for tp in assigned}
+        by_topic = {t: {tp.partition for tp in assigned if tp.topic == t} for t in self.topics}
+        if by_topic[self.topics[0]] != by_topic[self.topics[1]]:
+            log.error("assignment is not co-partitioned: %s", sorted(map(str, assigned)))
+        with self.lock:
+            for p in sorted(partitions):
+                if p in self.pipeline.streams:
+                    continue
+                meta = [committed.get(TopicPartition(t, p)) for t in self.topics]
+                restart = restart_from(*(m.metadata if m is not None else None for m in meta))
+                self.pipeline.assign(p, restart.published_through_ms, restart.counted_from)
+            self.state.health.assigned = len(self.pipeline.streams)
+        log.info("assigned partitions %s", sorted(partitions))
+
+    def hand_over(self, partitions: set[int]) -> dict[Any, OffsetAndMetadata]:
+        """Publish what is closed, return the offsets to commit, and drop the partitions."""
+        with self.lock:
+            self._publish(self.pipeline.advance())
+            offsets = self._offsets(partitions)
+            for p in partitions:
+                self.pipeline.revoke(p)
+            self.state.health.assigned = len(self.pipeline.streams)
+        log.info("revoked partitions %s", sorted(partitions))
+        return offsets
+
+    def drop(self, partitions: set[int]) -> None:
+        """Partitions were lost (another member owns them): drop state, commit nothing."""
+        with self.lock:
+            for p in partitions:
+                self.pipeline.revoke(p)
+            self.state.health.assigned = len(self.pipeline.streams)
+        log.warning("lost partitions %s; their state was dropped", sorted(partitions))
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll, process, publish, commit until ``stop`` is set; then hand everything over."""
+        settings = self.settings
+        while not stop.is_set():
+            batch = self.consumer.poll(
+                timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
+            )
+            now = self.state.wall_ms()
+            offsets: dict[Any, OffsetAndMetadata] = {}
+            with self.lock:
+                self.state.health.last_poll_ms = now
+                self.state.health.polls += 1
+                for tp, records in batch.items():
+                    self._process(tp, records)
+                windows = self.pipeline.advance()
+                due = now - self._last_commit_ms >= settings.commit_interval
+                if windows or due:
+                    self._publish(windows)
+                    offsets = self._offsets(set(self.pipeline.streams))
+            if offsets:
+                self._commit(offsets)
+                self._last_commit_ms = now
+            if now - self._last_lag_ms >= 1000:
+                self._update_lag()
+                self._last_lag_ms = now
+            self.state.beat()
+        self.close()
+
+    def close(self) -> None:
+        """Clean stop: publish, commit, leave the group (revoke publishes the rest)."""
+        with self.lock:
+            self._publish(self.pipeline.advance())
+            offsets = self._offsets(set(self.pipeline.streams))
+        self._commit(offsets)
+        self.consumer.unsubscribe()
+        self.consumer.close(autocommit=False)
+        self.producer.close()
+
+    def _process(self, tp: Any, records: Iterable[Any]) -> None:
+        partition = tp.partition
+        if partition not in self.pipeline.streams:
+            return  # revoked while these were in flight
+        is_query = tp.topic == self.topics[0]
+        decode = decode_query if is_query else decode_feedback
+        take = self.pipeline.query if is_query else self.pipeline.feedback
+        topic = QUERIES if is_query else FEEDBACK
+        for record in records:
+            value = record.value
+            try:
+                if value is None:
+                    raise EventError("empty", "the record has no value (a tombstone?)")
+                failure = take(partition, record.offset, decode(value))  # type: ignore[arg-type]
+            except EventError as error:
+                self.pipeline.invalid(partition, topic, record.offset, error.reason)
+                failure = error
+            if failure is not None:
+                self._dead_letter(record, failure)
+
+    def _dead_letter(self, record: Any, error: EventError) -> None:
+        where = f"{record.topic}[{record.partition}]@{record.offset}"
+        log.warning("dead-lettered %s: %s: %s", where, error.reason, error)
+        headers = [
+            ("reason", error.reason.encode()),
+            ("error", str(error).encode()[:1000]),
+            ("source_topic", record.topic.encode()),
+            ("source_partition", str(record.partition).encode()),
+            ("source_offset", str(record.offset).encode()),
+        ]
+        self.producer.send(
+            self.settings.deadletter_topic, value=record.value, key=record.key, headers=headers
+        )
+        self.state.health.deadletters += 1
+
+    def _publish(self, windows: list[ClosedWindow]) -> None:
+        """Send the windows and wait for every pending send (dead letters too)."""
+        keys = self.pipeline.metric_keys
+        for window in windows:
+            self.producer.send(
+                self.settings.windows_topic,
+                key=window.key.encode(),
+                value=orjson.dumps(window.to_record(keys)),
+            )
+        self.producer.flush()
+        if windows:
+            self.pipeline.published(windows)
+            self.state.health.published_records += len(windows)
+
+    def _offsets(self, partitions: Iterable[int]) -> dict[Any, OffsetAndMetadata]:
+        out = {}
+        for p in partitions:
+            stream = self.pipeline.streams.get(p)
+            if stream is None:
+                continue
+            for topic, (offset, metadata) in commit_plan(stream).items():
+                out[TopicPartition(self.topics[topic], p)] = OffsetAndMetadata(offset, metadata, -1)
+        return out
+
+    def _commit(self, offsets: dict[Any, OffsetAndMetadata]) -> None:
+        if not offsets:
+            return
+        try:
+            self.consumer.commit(offsets)
+            self.state.health.commits += 1
+        except Exception as error:  # a rebalance is under way; its revoke commits instead
+            log.warning("commit failed (%s); will retry after the rebalance", error)
+
+    def _update_lag(self) -> None:
+        lag: dict[tuple[str, int], int] = {}
+        for tp in self.consumer.assignment():
+            high = self.consumer.highwater(tp)
+            if high is None:
+                continue
+            stream = self.pipeline.streams.get(tp.partition)
+            topic = QUERIES if tp.topic == self.topics[0] else FEEDBACK
+            position = self.consumer.position(tp)
+            behind = max(0, high - position) if position is not None else 0
+            lag[tp.topic, tp.partition] = behind
+            if stream is not None:
+                stream.watermark.set_backlog(topic, behind > 0)
+        with self.lock:
+            self.state.health.lag = lag

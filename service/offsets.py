@@ -1,0 +1,73 @@
+"""What to commit for a partition: the lowest offsets still needed, plus restart markers.
+
+Kafka stores a metadata string with each committed offset. Ours records, per topic
+partition, ``published_through`` (the end of the last published window of that
+partition, in ms) and ``counted_through`` (the position up to which records were
+already counted on ``/metrics``). On restart the re-read from the committed offset
+rebuilds every unpublished window; queries of windows at or before the marker are
+skipped, and re-read records below ``counted_through`` are not counted again.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from service.join import PartitionStream
+from service.watermark import FEEDBACK, NEVER, QUERIES
+
+METADATA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """What a partition starts from after an assignment."""
+
+    published_through_ms: int = NEVER
+    counted_from: tuple[int, int] = (0, 0)
+
+
+def encode_metadata(published_through_ms: int, counted_through: int) -> str:
+    """The commit metadata string of one topic partition (compact JSON, < 100 bytes)."""
+    return json.dumps(
+        {
+            "v": METADATA_VERSION,
+            "published_through": published_through_ms,
+            "counted": counted_through,
+        },
+        separators=(",", ":"),
+    )
+
+
+def decode_metadata(text: str | None) -> tuple[int, int]:
+    """(published_through_ms, counted_through) from a commit's metadata; defaults if absent."""
+    if not text:
+        return NEVER, 0
+    try:
+        data = json.loads(text)
+        return int(data["published_through"]), int(data["counted"])
+    except (ValueError, KeyError, TypeError):
+        return NEVER, 0  # written by something else: start conservatively
+
+
+def restart_from(queries_metadata: str | None, feedback_metadata: str | None) -> Restart:
+    """Combine the markers stored with the two topics' commits of one partition."""
+    q_published, q_counted = decode_metadata(queries_metadata)
+    fb_published, fb_counted = decode_metadata(feedback_metadata)
+    return Restart(max(q_published, fb_published), (q_counted, fb_counted))
+
+
+def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
+    """Topic (QUERIES/FEEDBACK) -> (offset to commit, metadata) for one partition.
+
+    A topic on which this process has read nothing is left out (its old commit stands).
+    """
+    needed = stream.commit_offsets()
+    plan = {}
+    for topic in (QUERIES, FEEDBACK):
+        offset = needed[topic]
+        if offset < 0:
+            continue
+        counted = max(stream.next_offset[topic], stream.counted_from[topic])
+        plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted))
+    return plan

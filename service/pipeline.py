@@ -1,0 +1,320 @@
+"""The streaming core: validated events in, closed windows out (no Kafka, no HTTP).
+
+``run``, ``demo``, ``replay`` and the tests drive the same :class:`Pipeline` with
+records and an injected clock. Per record it applies the timestamp guard, the label
+caps and the join of its partition; :meth:`Pipeline.advance` moves the watermarks and
+finalises every closable window of every partition in one vectorised batch through the
+metric core, which is what makes streaming results equal the offline evaluation.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from service.aggregates import aggregate_groups
+from service.config import Settings
+from service.counters import FEEDBACK as FEEDBACK_KIND
+from service.counters import QUERIES as QUERIES_KIND
+from service.counters import Counts
+from service.errors import EventError
+from service.events import FeedbackEvent, QueryEvent
+from service.ir_metrics import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
+from service.join import JoinConfig, PartitionStream, WindowKey
+from service.labels import LabelPolicy
+from service.watermark import FEEDBACK, NEVER, QUERIES
+from service.windows import ClosedWindow, ClosedWindows
+
+OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineConfig:
+    """Everything the core needs, in milliseconds."""
+
+    join: JoinConfig = field(default_factory=JoinConfig)
+    ks: tuple[int, ...] = DEFAULT_KS
+    max_future_skew_ms: int = 5 * 60_000
+    max_pending_queries: int = 1_000_000
+    max_pending_feedback: int = 1_000_000
+    max_label_values: int = 50
+    rolling_ms: tuple[int, ...] = (15 * 60_000, 3_600_000, 86_400_000)
+    labels: LabelPolicy = field(default_factory=LabelPolicy)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> PipelineConfig:
+        """The core's parameters from the service settings."""
+        return cls(
+            join=JoinConfig(
+                attribution_ms=settings.attribution_window,
+                clock_skew_ms=settings.clock_skew,
+                window_ms=settings.window,
+                max_out_of_orderness_ms=settings.max_out_of_orderness,
+                idle_timeout_ms=settings.idle_timeout,
+            ),
+            ks=settings.ks,
+            max_future_skew_ms=settings.max_future_skew,
+            max_pending_queries=settings.max_pending_queries,
+            max_pending_feedback=settings.max_pending_feedback,
+            max_label_values=settings.max_label_values,
+            rolling_ms=settings.rolling_windows,
+        )
+
+
+class LabelCap:
+    """Keeps at most ``limit`` distinct values of a label; later ones become ``other``."""
+
+    def __init__(self, name: str, limit: int, counts: Counts) -> None:
+        self.name = name
+        self.limit = limit
+        self.counts = counts
+        self.values: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.values:
+            return value
+        if len(self.values) < self.limit:
+            self.values.add(value)
+            return value
+        self.counts.label_overflow[self.name] += 1
+        return OTHER
+
+
+def chunk_hashes(chunk_ids: Iterable[str]) -> array[int]:
+    """Chunk ids as 64-bit hashes in rank order (the join only compares ids of one query)."""
+    return array("q", map(hash, chunk_ids))
+
+
+class Pipeline:
+    """All partitions assigned to this process, their counters and closed windows."""
+
+    def __init__(
+        self, config: PipelineConfig, now_ms: Callable[[], int], counts: Counts | None = None
+    ) -> None:
+        self.config = config
+        self.now_ms = now_ms
+        self.counts = counts if counts is not None else Counts()
+        self.metric_keys = metric_keys(config.ks)
+        self.streams: dict[int, PartitionStream] = {}
+        self.closed = ClosedWindows(config.join.window_ms, max(config.rolling_ms))
+        self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
+        self._segment = LabelCap("segment", config.max_label_values, self.counts)
+
+    # -- assignment ----------------------------------------------------------------------
+
+    def assign(
+        self,
+        partition: int,
+        published_through_ms: int = NEVER,
+        counted_from: tuple[int, int] = (0, 0),
+    ) -> PartitionStream:
+        """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
+        stream = PartitionStream(
+            partition,
+            self.config.join,
+            self.counts,
+            self.now_ms,
+            published_through_ms=published_through_ms,
+            counted_from=counted_from,
+        )
+        self.streams[partition] = stream
+        return stream
+
+    def revoke(self, partition: int) -> None:
+        """Drop a partition's state (after its closed windows were published and committed)."""
+        self.streams.pop(partition, None)
+
+    # -- records -------------------------------------------------------------------------
+
+    def _guard(self, ts_ms: int) -> EventError | None:
+        ahead = ts_ms - self.now_ms()
+        if ahead > self.config.max_future_skew_ms:
+            return EventError(
+                "future_timestamp",
+                f"timestamp is {ahead / 1000:.0f} s ahead of the clock (limit "
+                f"{self.config.max_future_skew_ms / 1000:.0f} s, max_future_skew); "
+                "check the producer's clock and time zone",
+            )
+        return None
+
+    def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
+        """Take a valid query event; return an error when the guard rejects it."""
+        stream = self.streams[partition]
+        count = stream.seen(QUERIES, offset, self.now_ms())
+        if count:
+            self.counts.events[QUERIES_KIND] += 1
+        ts_ms = event.timestamp_ms
+        error = self._guard(ts_ms)
+        if error is not None:
+            if count:
+                self.counts.invalid[QUERIES_KIND, error.reason] += 1
+            return error
+        hashes = chunk_hashes(event.chunk_ids())
+        if count and len(set(hashes)) != len(hashes):
+            self.counts.duplicate_results += 1
+        retriever = self._retriever(event.retriever)
+        accepted = stream.add_query(
+            offset,
+            count,
+            event.query_id,
+            ts_ms,
+            retriever,
+            self._segment(event.segment),
+            hashes.tobytes(),
+            -1 if event.context_k is None else event.context_k,
+        )
+        if accepted:
+            first = self.counts.first_seen_ms.get(retriever)
+            if first is None or ts_ms < first:
+                self.counts.first_seen_ms[retriever] = ts_ms
+            if len(stream.pending) * len(self.streams) > self.config.max_pending_queries:
+                self._evict_queries(stream)
+        return None
+
+    def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
+        """Take a valid feedback event; return an error when the guard rejects it."""
+        stream = self.streams[partition]
+        count = stream.seen(FEEDBACK, offset, self.now_ms())
+        if count:
+            self.counts.events[FEEDBACK_KIND] += 1
+        ts_ms = event.timestamp_ms
+        error = self._guard(ts_ms)
+        if error is not None:
+            if count:
+                self.counts.invalid[FEEDBACK_KIND, error.reason] += 1
+            return error
+        grade = self.config.labels.grade(event)
+        stream.add_feedback(offset, count, event.query_id, ts_ms, hash(event.chunk_id), grade)
+        if stream.n_orphans * len(self.streams) > self.config.max_pending_feedback:
+            self._evict_feedback(stream)
+        return None
+
+    def invalid(self, partition: int, topic: int, offset: int, reason: str) -> None:
+        """Count a record that failed validation (the caller dead-letters it)."""
+        stream = self.streams[partition]
+        if stream.seen(topic, offset, self.now_ms()):
+            kind = QUERIES_KIND if topic == QUERIES else FEEDBACK_KIND
+            self.counts.events[kind] += 1
+            self.counts.invalid[kind, reason] += 1
+
+    def _evict_queries(self, stream: PartitionStream) -> None:
+        while self.pending_queries > self.config.max_pending_queries:
+            victim = stream if stream.pending else max(self.streams.values(), key=_n_pending)
+            if not victim.evict_query():
+                return
+            self.counts.evicted["query"] += 1
+
+    def _evict_feedback(self, stream: PartitionStream) -> None:
+        while self.pending_feedback > self.config.max_pending_feedback:
+            victim = stream if stream.orphans else max(self.streams.values(), key=_n_orphans)
+            dropped = victim.evict_feedback()
+            if not dropped:
+                return
+            self.counts.evicted["feedback"] += dropped
+
+    # -- time ----------------------------------------------------------------------------
+
+    def advance(self) -> list[ClosedWindow]:
+        """Move every watermark; finalise and return the windows that closed."""
+        closing: list[tuple[PartitionStream, WindowKey]] = []
+        for stream in self.streams.values():
+            stream.watermark.update()
+            stream.expire()
+            closing.extend((stream, key) for key in stream.closable())
+        return self._finalise(closing)
+
+    def finish(self) -> list[ClosedWindow]:
+        """End of input: finalise everything pending (replay)."""
+        for stream in self.streams.values():
+            stream.watermark.finish()
+        return self.advance()
+
+    def _finalise(self, closing: list[tuple[PartitionStream, WindowKey]]) -> list[ClosedWindow]:
+        if not closing:
+            return []
+        rankings: list[array[int] | tuple[()]] = []
+        judgments: list[dict[int, int]] = []
+        context_ks: list[int] = []
+        groups: list[int] = []
+        for group, (stream, key) in enumerate(closing):
+            for query in stream.close(key):
+                if query.labels:
+                    ranking = array("q")
+                    ranking.frombytes(query.results)
+                    rankings.append(ranking)
+                    judgments.append(query.labels)
+                else:
+                    rankings.append(())
+                    judgments.append({})
+                context_ks.append(query.context_k)
+                groups.append(group)
+        ks = self.config.ks
+        batch = judge_batch(rankings, judgments, context_ks, ideal_depth=max(ks))  # type: ignore[arg-type]
+        values = compute_metrics(batch, ks)
+        group_index = np.asarray(groups, dtype=np.int64)
+        n = len(closing)
+        aggregates = aggregate_groups(values, group_index, n)
+        n_queries = np.bincount(group_index, minlength=n)
+        n_labelled = np.bincount(group_index[batch.labelled], minlength=n)
+        out = []
+        window_ms = self.config.join.window_ms
+        for group, (stream, (retriever, segment, start)) in enumerate(closing):
+            if n_queries[group] == 0:
+                continue  # every query of it was evicted
+            out.append(
+                ClosedWindow(
+                    retriever=retriever,
+                    segment=segment,
+                    partition=stream.partition,
+                    start_ms=start,
+                    end_ms=start + window_ms,
+                    queries=int(n_queries[group]),
+                    labelled=int(n_labelled[group]),
+                    metrics=aggregates[group],
+                )
+            )
+        return out
+
+    def published(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows are durably published: move markers, fold them into the counters."""
+        windows = list(windows)
+        for w in windows:
+            stream = self.streams.get(w.partition)
+            if stream is not None:
+                stream.mark_published(w.end_ms)
+            self.counts.finalized[w.retriever, w.segment, True] += w.labelled
+            self.counts.finalized[w.retriever, w.segment, False] += w.unlabelled
+            self.counts.add_published(w.retriever, w.segment, w.metrics)
+            self.counts.windows_published += 1
+        self.closed.add(windows)
+
+    # -- gauges --------------------------------------------------------------------------
+
+    @property
+    def pending_queries(self) -> int:
+        """Queries held in memory, all partitions."""
+        return sum(len(s.pending) for s in self.streams.values())
+
+    @property
+    def pending_feedback(self) -> int:
+        """Feedback events waiting for their query, all partitions."""
+        return sum(s.n_orphans for s in self.streams.values())
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """The minimum watermark over assigned partitions (None before any event time)."""
+        values = [s.watermark.value for s in self.streams.values()]
+        if not values or min(values) == NEVER:
+            return None
+        return min(values)
+
+
+def _n_pending(stream: PartitionStream) -> int:
+    return len(stream.pending)
+
+
+def _n_orphans(stream: PartitionStream) -> int:
+    return stream.n_orphans

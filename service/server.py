@@ -1,0 +1,96 @@
+"""``retrieval-monitor run``: the Kafka consumer loop and the HTTP server in one process.
+
+uvicorn serves in a background thread (it installs no signal handlers there); the
+consumer loop runs in the main thread and owns SIGTERM/SIGINT, so a stop publishes
+closed windows, commits and leaves the group before the server goes down.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from service.api import create_app
+from service.config import Settings
+from service.kafka_io import KafkaEdge
+from service.pipeline import Pipeline, PipelineConfig
+from service.state import ServiceState
+
+log = logging.getLogger("retrieval_monitor")
+
+
+def wall_ms() -> int:
+    """Wall-clock milliseconds since the epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def serve_http(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, threading.Thread]:
+    """Start uvicorn in a daemon thread and wait until it listens."""
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, name="http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started and thread.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if not server.started:
+        raise OSError(f"the HTTP server could not listen on {host}:{port}")
+    return server, thread
+
+
+def stop_on_signals(stop: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop`` (a second SIGINT exits at once)."""
+
+    def handler(signum: int, _frame: FrameType | None) -> None:
+        if stop.is_set() and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        log.info("received %s; stopping cleanly", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def configure_logging(level: str) -> None:
+    """Plain, timestamped logs to stderr."""
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True
+    )
+    logging.getLogger("kafka").setLevel(logging.WARNING)
+
+
+def run_service(settings: Settings) -> int:
+    """Consume Kafka and serve HTTP until SIGTERM/SIGINT."""
+    configure_logging(settings.log_level)
+    pipeline = Pipeline(PipelineConfig.from_settings(settings), wall_ms)
+    state = ServiceState(
+        pipeline,
+        wall_ms,
+        topic_names={"queries": settings.queries_topic, "feedback": settings.feedback_topic},
+    )
+    edge = KafkaEdge(settings, state)
+    edge.start()
+    server, thread = serve_http(create_app(state), settings.http_host, settings.http_port)
+    log.info(
+        "consuming %s and %s from %s; serving http://%s:%d/metrics",
+        settings.queries_topic,
+        settings.feedback_topic,
+        settings.kafka_bootstrap_servers,
+        settings.http_host,
+        server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.http_port,
+    )
+    stop = threading.Event()
+    stop_on_signals(stop)
+    try:
+        edge.run(stop)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+    log.info("stopped")
+    return 0

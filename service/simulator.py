@@ -1,0 +1,369 @@
+"""Seeded synthetic traffic for a retrieval system: queries and the feedback they get.
+
+Pure and deterministic: the same :class:`SimulationConfig` yields the same events, in
+the same order, on every run. Each query has a hidden ground truth (1..4 relevant
+chunks, grades 1..3). The retriever in service at the query's time (``before``, or
+``after`` from ``switch_at_ms`` on) returns ``results_per_query`` chunks, placing each
+relevant chunk with probability ``find_rate`` at a rank drawn from a truncated
+geometric distribution (``rank_decay``: P(rank r) ~ rank_decay ** (r - 1)); the rest
+are random corpus chunks. Users then click (see :mod:`service.click_model`), the answer
+cites relevant chunks from the first ``context_k`` results, and a few queries are
+judged. Abandoned queries get no feedback at all.
+
+Events are streamed in arrival order (event time plus a bounded ingestion lag, drawn
+independently per event, so feedback may arrive before its query), with memory bounded
+by the events of the last ``max_feedback_delay_ms + max_arrival_delay_ms``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import math
+import os
+import random
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Literal, Protocol
+
+from service.click_model import ClickModel, check_rate, simulate_feedback
+from service.errors import ConfigError
+
+HOUR_MS = 3_600_000
+DEFAULT_START_MS = 1_796_083_200_000
+"""2026-12-01T00:00:00Z."""
+CHUNKS_PER_DOC = 8
+_RELEVANT_COUNT_WEIGHTS = (0.4, 0.3, 0.2, 0.1)  # 1, 2, 3 or 4 relevant chunks
+_GRADE_WEIGHTS = (0.3, 0.4, 0.3)  # grades 1, 2, 3
+Topic = Literal["queries", "feedback"]
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieverProfile:
+    """How well one retriever version finds relevant chunks, and how high it ranks them."""
+
+    name: str
+    """The version label emitted as ``retriever``."""
+    find_rate: float = 0.85
+    """Probability that a relevant chunk appears anywhere in the results."""
+    rank_decay: float = 0.5
+    """Ratio of a truncated geometric rank distribution; 0 puts found chunks at rank 1."""
+    empty_rate: float = 0.0
+    """Share of queries for which the retriever returns nothing."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= len(self.name) <= 100:
+            raise ConfigError(f"retriever name must have 1..100 characters, got {self.name!r}")
+        for name in ("find_rate", "empty_rate"):
+            check_rate(name, getattr(self, name))
+        if not 0.0 <= self.rank_decay < 1.0:
+            raise ConfigError(f"rank_decay must be in [0, 1), got {self.rank_decay!r}")
+
+
+HYBRID_V7 = RetrieverProfile("hybrid-v7", find_rate=0.85, rank_decay=0.5, empty_rate=0.002)
+HYBRID_V8 = RetrieverProfile("hybrid-v8", find_rate=0.87, rank_decay=0.45, empty_rate=0.002)
+
+
+@dataclass(frozen=True, slots=True)
+class SimEvent:
+    """One event as it would be produced to Kafka: topic, key, JSON-ready body, times."""
+
+    topic: Topic
+    key: str
+    """The query id (both topics are keyed by it)."""
+    event: dict[str, object]
+    timestamp_ms: int
+    """Event time."""
+    arrival_ms: int
+    """Event time plus ingestion lag; the stream is ordered by it."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimQuery:
+    """One query with its hidden ground truth and all of its events (the query event first)."""
+
+    query_id: str
+    timestamp_ms: int
+    retriever: str
+    segment: str
+    results: tuple[str, ...]
+    relevant: Mapping[str, int]
+    """Ground truth: relevant chunk id -> grade 1..3 (never emitted)."""
+    events: tuple[SimEvent, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationConfig:
+    """Everything that shapes a run; times are integer ms, rates are probabilities."""
+
+    seed: int = 7
+    start_ms: int = DEFAULT_START_MS
+    duration_ms: int = 6 * HOUR_MS
+    queries_per_hour: float = 3600.0
+    corpus_chunks: int = 50_000
+    results_per_query: int = 20
+    context_k: int = 5
+    segments: tuple[tuple[str, float], ...] = (("support-kb", 0.5), ("docs", 0.3), ("billing", 0.2))
+    before: RetrieverProfile = HYBRID_V7
+    after: RetrieverProfile | None = None
+    switch_at_ms: int | None = None
+    """The deploy time: queries at or after it use ``after``. None: half-way through the run."""
+    quality_drop: float = 0.0
+    """Subtracted from ``after.find_rate`` (0.05 = 5 points): a bad deploy in one number."""
+    abandon_rate: float = 0.25
+    clicks: ClickModel = field(default_factory=ClickModel)
+    citation_rate: float = 0.7
+    """Probability that a relevant chunk among the first ``context_k`` results is cited."""
+    citation_noise_rate: float = 0.01
+    """Probability that a non-relevant chunk among the first ``context_k`` is cited."""
+    unretrieved_citation_rate: float = 0.03
+    """Per query: a relevant chunk that was not retrieved is cited (lowers recall)."""
+    judgment_rate: float = 0.02
+    """Per query: a judge grades each of the first ``context_k`` results."""
+    citation_delay_ms: tuple[int, int] = (1_000, 10_000)
+    max_feedback_delay_ms: int = 300_000
+    scored_results_rate: float = 0.2
+    """Share of queries whose results are logged as ``{"chunk_id", "score"}`` objects."""
+    mean_arrival_delay_ms: int = 800
+    lag_spike_rate: float = 0.01
+    """Share of events delayed uniformly up to ``max_arrival_delay_ms``."""
+    max_arrival_delay_ms: int = 20_000
+    """Keep below the service's max_out_of_orderness (60 s) or events will be late."""
+    id_prefix: str | None = None
+    """Query ids are ``<prefix><n>``; None: ``s<seed>t<start seconds>-``."""
+
+    def __post_init__(self) -> None:
+        for name in ("abandon_rate", "citation_rate", "citation_noise_rate", "lag_spike_rate"):
+            check_rate(name, getattr(self, name))
+        for name in ("unretrieved_citation_rate", "judgment_rate", "scored_results_rate"):
+            check_rate(name, getattr(self, name))
+        for name in ("start_ms", "mean_arrival_delay_ms", "max_arrival_delay_ms"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.duration_ms <= 0 or self.queries_per_hour <= 0:
+            raise ConfigError("duration_ms and queries_per_hour must be positive")
+        if not 0 <= self.results_per_query <= 1000 or self.context_k < 0:
+            raise ConfigError("results_per_query must be in 0..1000 and context_k >= 0")
+        if self.corpus_chunks < 2 * (self.results_per_query + len(_RELEVANT_COUNT_WEIGHTS)):
+            raise ConfigError(f"corpus_chunks={self.corpus_chunks} is too small for the results")
+        if not self.segments or any(w <= 0 or not 1 <= len(s) <= 100 for s, w in self.segments):
+            raise ConfigError("segments need 1..100-character names and positive weights")
+        low, high = self.citation_delay_ms
+        if not 0 <= low <= high <= self.max_feedback_delay_ms:
+            raise ConfigError("need 0 <= citation_delay_ms <= max_feedback_delay_ms")
+        if self.after is None and (self.switch_at_ms is not None or self.quality_drop):
+            raise ConfigError("switch_at_ms and quality_drop need an 'after' retriever profile")
+        check_rate("quality_drop", self.quality_drop)
+
+    @property
+    def end_ms(self) -> int:
+        """Queries have timestamps in [start_ms, end_ms)."""
+        return self.start_ms + self.duration_ms
+
+    @property
+    def deploy_ms(self) -> int | None:
+        """When ``after`` takes over, or None for a single-version run."""
+        if self.after is None:
+            return None
+        return (
+            self.start_ms + self.duration_ms // 2
+            if self.switch_at_ms is None
+            else self.switch_at_ms
+        )
+
+    def profile_at(self, timestamp_ms: int) -> RetrieverProfile:
+        """The effective profile serving a query at this time (the quality drop applied)."""
+        deploy_ms = self.deploy_ms
+        if self.after is None or deploy_ms is None or timestamp_ms < deploy_ms:
+            return self.before
+        return replace(self.after, find_rate=max(0.0, self.after.find_rate - self.quality_drop))
+
+
+def format_ms(timestamp_ms: int) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-12-01T00:00:00.123Z``."""
+    seconds, millis = divmod(timestamp_ms, 1000)
+    return f"{datetime.fromtimestamp(seconds, UTC):%Y-%m-%dT%H:%M:%S}.{millis:03d}Z"
+
+
+def _chunk_id(index: int) -> str:
+    return f"doc-{index // CHUNKS_PER_DOC}#{index % CHUNKS_PER_DOC}"
+
+
+class _Simulator:
+    """The per-query draws; one random.Random consumed in a fixed order."""
+
+    def __init__(self, config: SimulationConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.segment_names = [name for name, _ in config.segments]
+        self.segment_weights = [weight for _, weight in config.segments]
+        self.prefix = (
+            f"s{config.seed}t{config.start_ms // 1000}-"
+            if config.id_prefix is None
+            else config.id_prefix
+        )
+
+    def lag_ms(self) -> int:
+        c, rng = self.config, self.rng
+        if rng.random() < c.lag_spike_rate:
+            return rng.randint(0, c.max_arrival_delay_ms)
+        mean = c.mean_arrival_delay_ms
+        return min(c.max_arrival_delay_ms, int(rng.expovariate(1 / mean))) if mean else 0
+
+    def rank(self, profile: RetrieverProfile, n: int) -> int:
+        """A 0-based rank from the geometric distribution truncated to n ranks."""
+        decay = profile.rank_decay
+        if decay == 0.0:
+            return 0
+        u = self.rng.random()
+        return min(n - 1, int(math.log1p(-u * (1.0 - decay**n)) / math.log(decay)))
+
+    def results(self, profile: RetrieverProfile, relevant: Mapping[str, int]) -> list[str]:
+        c, rng = self.config, self.rng
+        n = c.results_per_query
+        if n == 0 or rng.random() < profile.empty_rate:
+            return []
+        slots: list[str | None] = [None] * n
+        for chunk in relevant:
+            if rng.random() < profile.find_rate:
+                want = self.rank(profile, n)  # taken: the next free rank below, else above
+                free = [i for i in range(want, n) if slots[i] is None] or [
+                    i for i in range(want - 1, -1, -1) if slots[i] is None
+                ]
+                if free:
+                    slots[free[0]] = chunk
+        used = set(relevant)
+        for i in range(n):
+            while slots[i] is None:
+                chunk = _chunk_id(rng.randrange(c.corpus_chunks))
+                if chunk not in used:
+                    used.add(chunk)
+                    slots[i] = chunk
+        return [s for s in slots if s is not None]
+
+    def query(self, number: int, timestamp_ms: int) -> SimQuery:
+        c, rng = self.config, self.rng
+        query_id = f"{self.prefix}{number}"
+        profile = c.profile_at(timestamp_ms)
+        segment = rng.choices(self.segment_names, self.segment_weights)[0]
+        n_relevant = rng.choices((1, 2, 3, 4), _RELEVANT_COUNT_WEIGHTS)[0]
+        relevant: dict[str, int] = {}
+        while len(relevant) < n_relevant:
+            chunk = _chunk_id(rng.randrange(c.corpus_chunks))
+            relevant.setdefault(chunk, rng.choices((1, 2, 3), _GRADE_WEIGHTS)[0])
+        results = self.results(profile, relevant)
+        body: dict[str, object] = {
+            "query_id": query_id,
+            "timestamp": format_ms(timestamp_ms),
+            "retriever": profile.name,
+            "results": results,
+            "context_k": c.context_k,
+            "segment": segment,
+        }
+        if rng.random() < c.scored_results_rate:
+            score = rng.uniform(0.75, 0.95)
+            scored: list[dict[str, object]] = []
+            for chunk in results:
+                scored.append({"chunk_id": chunk, "score": round(score, 4)})
+                score = max(0.0, score - rng.uniform(0.0, 0.03))
+            body["results"] = scored
+        events = [self.event("queries", query_id, body, timestamp_ms)]
+        if rng.random() >= c.abandon_rate:
+            for delay_ms, chunk, signal, extra in simulate_feedback(rng, results, relevant, c):
+                fb_ms = timestamp_ms + delay_ms
+                fb: dict[str, object] = {
+                    "query_id": query_id,
+                    "timestamp": format_ms(fb_ms),
+                    "chunk_id": chunk,
+                    "signal": signal,
+                    **extra,
+                }
+                events.append(self.event("feedback", query_id, fb, fb_ms))
+        return SimQuery(
+            query_id, timestamp_ms, profile.name, segment, tuple(results), relevant, tuple(events)
+        )
+
+    def event(
+        self, topic: Topic, query_id: str, body: dict[str, object], timestamp_ms: int
+    ) -> SimEvent:
+        return SimEvent(topic, query_id, body, timestamp_ms, timestamp_ms + self.lag_ms())
+
+
+def simulate_queries(config: SimulationConfig) -> Iterator[SimQuery]:
+    """The run's queries in event-time order (Poisson arrivals), with ground truth and events."""
+    sim = _Simulator(config)
+    rate_per_ms = config.queries_per_hour / HOUR_MS
+    clock_ms = float(config.start_ms)
+    number = 0
+    while True:
+        clock_ms += sim.rng.expovariate(rate_per_ms)
+        if clock_ms >= config.end_ms:
+            return
+        yield sim.query(number, int(clock_ms))
+        number += 1
+
+
+def generate(config: SimulationConfig) -> Iterator[SimEvent]:
+    """Every event of the run in nondecreasing ``arrival_ms`` order, streamed."""
+    pending: list[tuple[int, int, SimEvent]] = []
+    sequence = 0
+    for query in simulate_queries(config):
+        # Later queries and their feedback have event time, hence arrival, >= this query's.
+        while pending and pending[0][0] <= query.timestamp_ms:
+            yield heapq.heappop(pending)[2]
+        for event in query.events:
+            heapq.heappush(pending, (event.arrival_ms, sequence, event))
+            sequence += 1
+    while pending:
+        yield heapq.heappop(pending)[2]
+
+
+def encode(event: SimEvent) -> bytes:
+    """The event body as compact UTF-8 JSON (the Kafka message value)."""
+    return json.dumps(event.event, separators=(",", ":")).encode()
+
+
+class _TextSink(Protocol):
+    def write(self, text: str, /) -> object: ...
+
+
+def write_jsonl(
+    events: Iterable[SimEvent], path_or_file: str | os.PathLike[str] | _TextSink
+) -> int:
+    """Write the replay format, ``{"topic": ..., "event": {...}}`` per line; return the count."""
+    if isinstance(path_or_file, str | os.PathLike):
+        with open(path_or_file, "w", encoding="utf-8") as sink:
+            return write_jsonl(events, sink)
+    count = 0
+    for event in events:
+        line = json.dumps({"topic": event.topic, "event": event.event}, separators=(",", ":"))
+        path_or_file.write(line + "\n")
+        count += 1
+    return count
+
+
+@dataclass(frozen=True, slots=True)
+class QualitySummary:
+    """True (ground-truth) quality of one retriever version over simulated queries."""
+
+    queries: int
+    hit_rate: float
+    """Share of queries with a relevant chunk in the first k results."""
+    recall: float
+    """Mean over queries of relevant chunks in the first k / all relevant chunks."""
+
+
+def summarize(queries: Iterable[SimQuery], k: int = 5) -> dict[str, QualitySummary]:
+    """Ground-truth hit rate@k and recall@k per retriever version (what a monitor should see)."""
+    totals: dict[str, list[float]] = {}
+    for query in queries:
+        found = sum(1 for chunk in query.results[:k] if chunk in query.relevant)
+        row = totals.setdefault(query.retriever, [0, 0.0, 0.0])
+        row[0] += 1
+        row[1] += found > 0
+        row[2] += found / len(query.relevant)
+    return {
+        name: QualitySummary(int(n), hits / n, recall / n)
+        for name, (n, hits, recall) in totals.items()
+    }

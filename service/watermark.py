@@ -1,0 +1,76 @@
+"""The event-time watermark of one partition (queries-p and feedback-p), with idleness.
+
+The watermark is the smaller of the largest timestamps seen on the two topics, minus
+``max_out_of_orderness``. A topic that has been silent for ``idle_timeout`` (wall
+clock) and has no known backlog is left out of that minimum, so sparse feedback does
+not stall it; when both are silent the watermark may advance to wall-clock now minus
+``max_out_of_orderness`` so that quiet periods still close windows. It never moves
+backwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+NEVER = -(1 << 62)
+"""A watermark before any event time."""
+
+QUERIES = 0
+FEEDBACK = 1
+
+
+class PartitionWatermark:
+    """Watermark of one partition; ``idle_timeout_ms=None`` disables idleness (replay)."""
+
+    __slots__ = ("_backlog", "_idle_ms", "_last_seen", "_max_ts", "_now", "_ooo_ms", "value")
+
+    def __init__(
+        self, max_out_of_orderness_ms: int, idle_timeout_ms: int | None, now_ms: Callable[[], int]
+    ) -> None:
+        self._ooo_ms = max_out_of_orderness_ms
+        self._idle_ms = idle_timeout_ms
+        self._now = now_ms
+        start = now_ms()
+        self._max_ts = [NEVER, NEVER]
+        self._last_seen = [start, start]
+        self._backlog = [False, False]
+        self.value = NEVER
+
+    def observe(self, topic: int, ts_ms: int) -> None:
+        """A record of ``topic`` (QUERIES or FEEDBACK) with event time ``ts_ms`` arrived."""
+        self._max_ts[topic] = max(self._max_ts[topic], ts_ms)
+
+    def touch(self, topic: int, now_ms: int) -> None:
+        """A record (valid or not) arrived on ``topic`` at wall time ``now_ms``."""
+        self._last_seen[topic] = now_ms
+
+    def set_backlog(self, topic: int, behind: bool) -> None:
+        """Whether the topic partition still has unread records (then it is never idle)."""
+        self._backlog[topic] = behind
+
+    def max_ts(self, topic: int) -> int:
+        """Largest event time seen on the topic (NEVER before the first)."""
+        return self._max_ts[topic]
+
+    def update(self) -> int:
+        """Recompute the watermark from what was seen and the wall clock; return it."""
+        if self._idle_ms is None:
+            candidate = min(self._max_ts)
+        else:
+            now = self._now()
+            active = [
+                self._max_ts[t]
+                for t in (QUERIES, FEEDBACK)
+                if self._backlog[t] or now - self._last_seen[t] < self._idle_ms
+            ]
+            candidate = min(active) if active else now
+        if candidate == NEVER:
+            return self.value
+        candidate -= self._ooo_ms
+        self.value = max(self.value, candidate)
+        return self.value
+
+    def finish(self) -> int:
+        """End of input (replay): everything seen may be finalised."""
+        self.value = max(self.value, *self._max_ts) + (1 << 40)
+        return self.value

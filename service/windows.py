@@ -1,0 +1,167 @@
+"""Tumbling event-time windows: closed-window records and rolling views over them.
+
+A window is ``[start, start + size)`` aligned to the Unix epoch, per (retriever,
+segment, partition). Once closed it never changes; its published record is
+deterministic, so a consumer that keeps the last record per key (a compacted topic)
+sees each window exactly once even though publishing is at least once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from service.aggregates import MetricAggregates, Moments, merge
+from service.events import to_epoch_ms
+
+SliceKey = tuple[str, str]
+"""(retriever, segment)."""
+
+
+def window_start(ts_ms: int, size_ms: int) -> int:
+    """Start of the epoch-aligned tumbling window that contains ``ts_ms``."""
+    return ts_ms - ts_ms % size_ms
+
+
+def rfc3339(ms: int) -> str:
+    """``2026-12-02T08:00:00Z`` (milliseconds shown only when not zero)."""
+    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
+    if ms % 1000:
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedWindow:
+    """The aggregates of one closed window of one (retriever, segment, partition)."""
+
+    retriever: str
+    segment: str
+    partition: int
+    start_ms: int
+    end_ms: int
+    queries: int
+    labelled: int
+    metrics: MetricAggregates = field(default_factory=dict)
+
+    @property
+    def unlabelled(self) -> int:
+        """Finalised queries without any relevant chunk."""
+        return self.queries - self.labelled
+
+    @property
+    def key(self) -> str:
+        """``<retriever>|<segment>|<window start, RFC 3339>|<partition>``."""
+        return f"{self.retriever}|{self.segment}|{rfc3339(self.start_ms)}|{self.partition}"
+
+    def to_record(self, metric_keys: Iterable[str]) -> dict[str, Any]:
+        """The published JSON object; every metric key is present (count 0 when no data)."""
+        empty = Moments()
+        return {
+            "retriever": self.retriever,
+            "segment": self.segment,
+            "partition": self.partition,
+            "window_start": rfc3339(self.start_ms),
+            "window_end": rfc3339(self.end_ms),
+            "queries": self.queries,
+            "labelled": self.labelled,
+            "unlabelled": self.unlabelled,
+            "metrics": {key: self.metrics.get(key, empty).to_dict() for key in metric_keys},
+            # exact fixed-point sums (units of 2**-52) so that consumers can merge bit for bit
+            "metrics_fixed": {
+                key: [m.count, str(m.sum_fx), str(m.sum_sq_fx)] for key, m in self.metrics.items()
+            },
+        }
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ClosedWindow:
+        """Inverse of :meth:`to_record` (exact when ``metrics_fixed`` is present)."""
+        fixed = record.get("metrics_fixed")
+        if fixed is not None:
+            metrics = {k: Moments(int(c), int(s), int(q)) for k, (c, s, q) in fixed.items()}
+        else:
+            metrics = {
+                k: Moments.from_dict(v) for k, v in record["metrics"].items() if v["count"] > 0
+            }
+        return cls(
+            retriever=record["retriever"],
+            segment=record["segment"],
+            partition=int(record["partition"]),
+            start_ms=_parse_ms(record["window_start"]),
+            end_ms=_parse_ms(record["window_end"]),
+            queries=int(record["queries"]),
+            labelled=int(record["labelled"]),
+            metrics=metrics,
+        )
+
+
+def _parse_ms(text: str) -> int:
+    return to_epoch_ms(datetime.fromisoformat(text))
+
+
+@dataclass(slots=True)
+class SliceTotals:
+    """Merged aggregates of several windows of one (retriever, segment)."""
+
+    queries: int = 0
+    labelled: int = 0
+    metrics: MetricAggregates = field(default_factory=dict)
+
+    def add(self, queries: int, labelled: int, metrics: Mapping[str, Moments]) -> None:
+        """Merge one more window in."""
+        self.queries += queries
+        self.labelled += labelled
+        self.metrics = merge((self.metrics, metrics))
+
+    @property
+    def unlabelled_ratio(self) -> float | None:
+        """Share of finalised queries without labels, or None without queries."""
+        return (self.queries - self.labelled) / self.queries if self.queries else None
+
+
+class ClosedWindows:
+    """Closed windows merged over partitions, kept for the longest rolling span."""
+
+    def __init__(self, window_ms: int, retention_ms: int) -> None:
+        self.window_ms = window_ms
+        self.retention_ms = retention_ms
+        self._by_key: dict[tuple[str, str, int], SliceTotals] = {}
+        self._latest_end_ms: int | None = None
+
+    def add(self, windows: Iterable[ClosedWindow]) -> None:
+        """Merge newly published windows in and drop those past the retention."""
+        for w in windows:
+            totals = self._by_key.setdefault((w.retriever, w.segment, w.start_ms), SliceTotals())
+            totals.add(w.queries, w.labelled, w.metrics)
+            if self._latest_end_ms is None or w.end_ms > self._latest_end_ms:
+                self._latest_end_ms = w.end_ms
+        if self._latest_end_ms is not None:
+            horizon = self._latest_end_ms - self.retention_ms - self.window_ms
+            for key in [k for k in self._by_key if k[2] < horizon]:
+                del self._by_key[key]
+
+    def rolling(self, span_ms: int, until_ms: int) -> dict[SliceKey, SliceTotals]:
+        """Merge the windows ending within ``span_ms`` before ``until_ms``, per slice."""
+        out: dict[SliceKey, SliceTotals] = {}
+        for (retriever, segment, start), totals in self._by_key.items():
+            end = start + self.window_ms
+            if until_ms - span_ms < end <= until_ms:
+                view = out.setdefault((retriever, segment), SliceTotals())
+                view.add(totals.queries, totals.labelled, totals.metrics)
+        return out
+
+    def listing(
+        self, retriever: str | None = None, segment: str | None = None, since_ms: int | None = None
+    ) -> list[tuple[str, str, int, SliceTotals]]:
+        """Closed windows (merged over partitions), oldest first, optionally filtered."""
+        rows = [
+            (r, s, start, totals)
+            for (r, s, start), totals in self._by_key.items()
+            if (retriever is None or r == retriever)
+            and (segment is None or s == segment)
+            and (since_ms is None or start >= since_ms)
+        ]
+        rows.sort(key=lambda row: (row[2], row[0], row[1]))
+        return rows
