@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from service import __version__
+from service.commands import STREAMING_HANDLERS, add_streaming_commands
 from service.config import parse_ks
 from service.errors import ConfigError, RetrievalMonitorError
 from service.golden_io import load_judgments, load_run
@@ -79,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("--seed", type=int, default=0, help="seed of the randomisation test")
     cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    add_streaming_commands(commands)
     return parser
 
 
@@ -116,7 +118,7 @@ def _compare(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"evaluate": _evaluate, "compare": _compare}
+    handlers = {"evaluate": _evaluate, "compare": _compare, **STREAMING_HANDLERS}
     try:
         return handlers[args.command](args)
     except RetrievalMonitorError as error:

@@ -87,8 +87,13 @@ PositiveDuration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0
 class Settings(BaseSettings):
     """Every setting of the service. Durations are in milliseconds once parsed."""
 
+    # Defaults are validated like given values (durations are written as in the docs).
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, frozen=True, extra="forbid", case_sensitive=False
+        env_prefix=ENV_PREFIX,
+        frozen=True,
+        extra="forbid",
+        case_sensitive=False,
+        validate_default=True,
     )
 
     kafka_bootstrap_servers: str = "127.0.0.1:9092"
@@ -100,22 +105,20 @@ class Settings(BaseSettings):
     http_host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
     ks: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_ks)] = (1, 3, 5, 10, 20)
-    attribution_window: Duration = 30 * 60_000
-    clock_skew: Duration = 5_000
-    max_out_of_orderness: Duration = 60_000
-    idle_timeout: PositiveDuration = 30_000
-    max_future_skew: Duration = 5 * 60_000
-    window: PositiveDuration = 5 * 60_000
+    attribution_window: Duration = "30m"  # type: ignore[assignment]
+    clock_skew: Duration = "5s"  # type: ignore[assignment]
+    max_out_of_orderness: Duration = "60s"  # type: ignore[assignment]
+    idle_timeout: PositiveDuration = "30s"  # type: ignore[assignment]
+    max_future_skew: Duration = "5m"  # type: ignore[assignment]
+    window: PositiveDuration = "5m"  # type: ignore[assignment]
     rolling_windows: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_durations)] = (
-        15 * 60_000,
-        3_600_000,
-        86_400_000,
+        "15m,1h,24h"  # type: ignore[assignment]
     )
     max_pending_queries: int = Field(1_000_000, ge=1)
     max_pending_feedback: int = Field(1_000_000, ge=1)
     max_label_values: int = Field(50, ge=1)
-    commit_interval: PositiveDuration = 5_000
-    poll_timeout: PositiveDuration = 200
+    commit_interval: PositiveDuration = "5s"  # type: ignore[assignment]
+    poll_timeout: PositiveDuration = "200ms"  # type: ignore[assignment]
     max_poll_records: int = Field(2000, ge=1)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"

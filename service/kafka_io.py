@@ -275,3 +275,20 @@ class KafkaEdge:
                 stream.watermark.set_backlog(topic, behind > 0)
         with self.lock:
             self.state.health.lag = lag
+
+
+def produce_events(settings: Settings, events: Iterable[Any]) -> int:
+    """Produce simulated events to the input topics, keyed by query id; return the count."""
+    producer = KafkaProducer(**settings.kafka_client_config(), acks="all", linger_ms=20)
+    topics = {"queries": settings.queries_topic, "feedback": settings.feedback_topic}
+    n = 0
+    try:
+        for event in events:
+            producer.send(
+                topics[event.topic], key=event.key.encode(), value=orjson.dumps(event.event)
+            )
+            n += 1
+        producer.flush()
+    finally:
+        producer.close()
+    return n

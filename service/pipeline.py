@@ -228,8 +228,9 @@ class Pipeline:
 
     def finish(self) -> list[ClosedWindow]:
         """End of input: finalise everything pending (replay)."""
+        join = self.config.join
         for stream in self.streams.values():
-            stream.watermark.finish()
+            stream.watermark.finish(join.attribution_ms + join.window_ms)
         return self.advance()
 
     def _finalise(self, closing: list[tuple[PartitionStream, WindowKey]]) -> list[ClosedWindow]:

@@ -70,7 +70,9 @@ class PartitionWatermark:
         self.value = max(self.value, candidate)
         return self.value
 
-    def finish(self) -> int:
-        """End of input (replay): everything seen may be finalised."""
-        self.value = max(self.value, *self._max_ts) + (1 << 40)
+    def finish(self, horizon_ms: int) -> int:
+        """End of input (replay): move ``horizon_ms`` past the last event so all is final."""
+        last = max(self._max_ts)
+        if last != NEVER:
+            self.value = max(self.value, last + horizon_ms)
         return self.value

@@ -1,0 +1,202 @@
+"""The streaming subcommands: ``run``, ``demo``, ``replay``, ``simulate``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from service.config import add_settings_flags, parse_duration_ms, settings_from_args
+from service.demo import DemoOptions, run_demo
+from service.errors import ConfigError
+from service.events import to_epoch_ms
+from service.ir_metrics import metric_keys
+from service.kafka_io import produce_events
+from service.pipeline import PipelineConfig
+from service.replay import replay
+from service.server import run_service
+from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
+from service.windows import ClosedWindow
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _duration_hours(text: str) -> float:
+    try:
+        return parse_duration_ms(text) / HOUR_MS
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _start_ms(text: str) -> int:
+    """``now``, ``now-6h`` or an RFC 3339 time with an offset."""
+    now = time.time_ns() // 1_000_000
+    if text == "now":
+        return now
+    if text.startswith("now-"):
+        try:
+            return now - parse_duration_ms(text[4:])
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        moment = None
+    if moment is None or moment.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"expected now, now-6h or RFC 3339 with an offset, got {text!r}"
+        )
+    return to_epoch_ms(moment)
+
+
+def add_streaming_commands(commands: Any) -> None:
+    """Register run, demo, replay and simulate on the top-level subparsers."""
+    run = commands.add_parser(
+        "run",
+        help="the service: consume Kafka, serve HTTP",
+        description="Consume Kafka, serve HTTP.",
+    )
+    add_settings_flags(run)
+
+    demo = commands.add_parser(
+        "demo",
+        help="the pipeline and HTTP server fed by the built-in simulator (no Kafka)",
+        description="Simulated traffic with a bad deploy part way, in accelerated time.",
+    )
+    demo.add_argument("--hours", type=_duration_hours, default=8.0, help="simulated span (8h)")
+    demo.add_argument("--deploy-at", type=_duration_hours, default=5.0, help="deploy time (5h)")
+    demo.add_argument("--quality-drop", type=_float, default=0.15, help="find-rate drop (0.15)")
+    demo.add_argument("--queries-per-hour", type=_float, default=3600.0)
+    demo.add_argument("--speed", type=_float, default=300.0, help="simulated s per wall s (300)")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--exit-when-done", action="store_true", help="stop when all is final")
+    add_settings_flags(demo)
+
+    replay = commands.add_parser(
+        "replay",
+        help="the same pipeline over JSONL event files",
+        description='Replay {"topic": "queries"|"feedback", "event": {...}} lines in file order.',
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE")
+    replay.add_argument(
+        "--windows-out", help="write closed windows as JSON lines here ('-': stdout)"
+    )
+    replay.add_argument(
+        "--regressions-out", help="write detected regressions as JSON lines (none until detection)"
+    )
+    add_settings_flags(replay)
+
+    sim = commands.add_parser(
+        "simulate",
+        help="write synthetic traffic to Kafka or JSONL",
+        description="Synthetic queries and position-biased feedback, reproducible from a seed.",
+    )
+    target = sim.add_mutually_exclusive_group(required=True)
+    target.add_argument("--jsonl", help="write the replay format to this file")
+    target.add_argument("--kafka", action="store_true", help="produce to the input topics")
+    sim.add_argument("--start", type=_start_ms, default=None, help="now, now-6h or RFC 3339")
+    sim.add_argument("--hours", type=_duration_hours, default=6.0, help="simulated span (6h)")
+    sim.add_argument("--queries-per-hour", type=_float, default=3600.0)
+    sim.add_argument("--deploy-at", type=_duration_hours, default=None, help="switch to v8 then")
+    sim.add_argument("--quality-drop", type=_float, default=0.0, help="find-rate drop at deploy")
+    sim.add_argument("--seed", type=int, default=7)
+    add_settings_flags(sim)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_service(settings_from_args(args))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if not 0 <= args.deploy_at <= args.hours:
+        raise ConfigError("--deploy-at must lie within --hours")
+    options = DemoOptions(
+        hours=args.hours,
+        deploy_at_hours=args.deploy_at,
+        quality_drop=args.quality_drop,
+        queries_per_hour=args.queries_per_hour,
+        speed=args.speed,
+        seed=args.seed,
+        exit_when_done=args.exit_when_done,
+    )
+    config = PipelineConfig.from_settings(settings)
+    return run_demo(options, settings.http_host, settings.http_port, config)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    config = PipelineConfig.from_settings(settings)
+    out = None
+    if args.windows_out == "-":
+        out = sys.stdout.buffer
+    elif args.windows_out:
+        out = Path(args.windows_out).open("wb")  # noqa: SIM115 - closed below
+    keys = metric_keys(config.ks)
+
+    def write(windows: list[ClosedWindow]) -> None:
+        if out is not None:
+            for window in windows:
+                out.write(orjson.dumps(window.to_record(keys)) + b"\n")
+
+    try:
+        pipeline, report = replay(args.files, config, write)
+    finally:
+        if out is not None and out is not sys.stdout.buffer:
+            out.close()
+    if args.regressions_out:
+        Path(args.regressions_out).write_text("")
+    c = pipeline.counts
+    print(
+        f"replayed {report.lines} lines: {report.invalid} invalid, {report.windows} windows, "
+        f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
+        f"{sum(c.unmatched.values())} unmatched feedback",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    duration = int(args.hours * HOUR_MS)
+    start = args.start if args.start is not None else time.time_ns() // 1_000_000 - duration
+    deploy = None if args.deploy_at is None else start + int(args.deploy_at * HOUR_MS)
+    config = SimulationConfig(
+        seed=args.seed,
+        start_ms=start,
+        duration_ms=duration,
+        queries_per_hour=args.queries_per_hour,
+        before=HYBRID_V7,
+        after=HYBRID_V8 if deploy is not None else None,
+        switch_at_ms=deploy,
+        quality_drop=args.quality_drop,
+    )
+    if args.jsonl:
+        n = write_jsonl(generate(config), args.jsonl)
+        print(f"wrote {n} events to {args.jsonl}", file=sys.stderr)
+        return 0
+    n = produce_events(settings, generate(config))
+    print(
+        f"produced {n} events to {settings.queries_topic} and {settings.feedback_topic}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+STREAMING_HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "run": _run,
+    "demo": _demo,
+    "replay": _replay,
+    "simulate": _simulate,
+}

@@ -1,0 +1,179 @@
+"""``retrieval-monitor demo``: the whole pipeline and HTTP server fed by the simulator.
+
+No Kafka: simulated events enter the same :class:`~service.pipeline.Pipeline` in
+arrival order, in accelerated time (the pipeline's clock is the simulated clock, so
+idleness and the future-timestamp guard behave as they would live). A new retriever
+version with a quality drop is deployed part way, so a regression shows on
+``/metrics`` and ``/api/v1/rolling``. The terminal shows a compact live summary.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from service.aggregates import merge
+from service.api import create_app
+from service.events import FeedbackEvent, QueryEvent
+from service.exporter import span_label
+from service.pipeline import Pipeline, PipelineConfig
+from service.server import serve_http, stop_on_signals, wall_ms
+from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.state import ServiceState
+from service.windows import SliceTotals, rfc3339
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    """How much to simulate and how fast."""
+
+    hours: float = 8.0
+    deploy_at_hours: float = 5.0
+    quality_drop: float = 0.15
+    queries_per_hour: float = 3600.0
+    speed: float = 300.0
+    """Simulated seconds per wall-clock second."""
+    seed: int = 7
+    exit_when_done: bool = False
+    live: bool = True
+
+
+class SimClock:
+    """Simulated milliseconds: ``start + speed * elapsed``, then real time after ``fast_until``."""
+
+    def __init__(self, start_ms: int, speed: float, fast_until_ms: int) -> None:
+        self.start_ms = start_ms
+        self.speed = speed
+        self.fast_until_ms = fast_until_ms
+        self._t0 = time.monotonic()
+
+    def __call__(self) -> int:
+        elapsed_ms = (time.monotonic() - self._t0) * 1000
+        fast_ms = (self.fast_until_ms - self.start_ms) / self.speed
+        if elapsed_ms <= fast_ms:
+            return self.start_ms + int(elapsed_ms * self.speed)
+        return self.fast_until_ms + int(elapsed_ms - fast_ms)
+
+
+def _summary(pipeline: Pipeline, spans_ms: tuple[int, ...]) -> Table:
+    wm = pipeline.watermark_ms
+    table = Table(title=f"watermark {rfc3339(wm) if wm is not None else '-'}", title_justify="left")
+    columns = ("window", "retriever", "labelled", "unlabelled", "hit_rate@5", "recall@5", "mrr")
+    for name in (*columns, "ndcg@10"):
+        table.add_column(name, justify="left" if name in columns[:2] else "right")
+    rows: dict[tuple[int, str], SliceTotals] = {}
+    for span in spans_ms if wm is not None else ():
+        for (retriever, _segment), totals in pipeline.closed.rolling(span, wm or 0).items():
+            merged = rows.setdefault((span, retriever), SliceTotals())
+            merged.add(totals.queries, totals.labelled, totals.metrics)
+    for (span, retriever), totals in sorted(rows.items()):
+        cells = [span_label(span), retriever, str(totals.labelled)]
+        ratio = totals.unlabelled_ratio
+        cells.append("-" if ratio is None else f"{ratio:.0%}")
+        metrics = merge([totals.metrics])
+        for key in ("hit_rate@5", "recall@5", "mrr", "ndcg@10"):
+            moments = metrics.get(key)
+            mean = None if moments is None else moments.mean
+            cells.append("-" if mean is None else f"{mean:.3f}")
+        table.add_row(*cells)
+    c = pipeline.counts
+    table.caption = (
+        f"events {sum(c.events.values())}  pending queries {pipeline.pending_queries}  "
+        f"windows {c.windows_published}  late {sum(c.late.values())}  "
+        f"unmatched {sum(c.unmatched.values())}"
+    )
+    return table
+
+
+def feed(
+    pipeline: Pipeline,
+    state: ServiceState,
+    config: SimulationConfig,
+    clock: Callable[[], int],
+    stop: threading.Event,
+) -> None:
+    """Push simulated events into the pipeline as the simulated clock reaches them."""
+    offsets = [0, 0]
+    pending = generate(config)
+    upcoming = next(pending, None)
+    while not stop.is_set():
+        now = clock()
+        with state.lock:
+            while upcoming is not None and upcoming.arrival_ms <= now:
+                if upcoming.topic == "queries":
+                    pipeline.query(0, offsets[0], QueryEvent.model_validate(upcoming.event))
+                    offsets[0] += 1
+                else:
+                    pipeline.feedback(0, offsets[1], FeedbackEvent.model_validate(upcoming.event))
+                    offsets[1] += 1
+                upcoming = next(pending, None)
+            pipeline.published(pipeline.advance())
+            state.health.last_poll_ms = state.wall_ms()
+        state.beat()
+        stop.wait(0.05)
+
+
+def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig) -> int:
+    """Simulate, process and serve until the simulation ends (or Ctrl-C)."""
+    wall = wall_ms
+    start_ms = wall() - int(options.hours * HOUR_MS)
+    start_ms -= start_ms % 60_000
+    sim = SimulationConfig(
+        seed=options.seed,
+        start_ms=start_ms,
+        duration_ms=int(options.hours * HOUR_MS),
+        queries_per_hour=options.queries_per_hour,
+        before=HYBRID_V7,
+        # the bad deploy: finds fewer relevant chunks and ranks the found ones lower
+        after=replace(HYBRID_V8, rank_decay=0.75),
+        switch_at_ms=start_ms + int(options.deploy_at_hours * HOUR_MS),
+        quality_drop=options.quality_drop,
+    )
+    end_ms = sim.end_ms + config.join.attribution_ms + 2 * config.join.window_ms
+    clock = SimClock(start_ms, options.speed, end_ms)
+    pipeline = Pipeline(config, clock)
+    pipeline.assign(0)
+    state = ServiceState(pipeline, wall, needs_assignment=False)
+    state.health.assigned = 1
+    server, thread = serve_http(create_app(state), host, port)
+    bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+    console = Console()
+    console.print(
+        f"[bold]retrieval-monitor demo[/]: {options.hours:g} simulated hours at "
+        f"{options.speed:g}x, {options.queries_per_hour:g} queries/h; hybrid-v8 deployed at "
+        f"hour {options.deploy_at_hours:g} with a {options.quality_drop:.0%} drop in find rate.\n"
+        f"  metrics: http://{host}:{bound}/metrics\n"
+        f"  rolling: http://{host}:{bound}/api/v1/rolling?window=1h\n"
+        f"  windows: http://{host}:{bound}/api/v1/windows\n"
+        "Ctrl-C stops."
+    )
+    stop = threading.Event()
+    stop_on_signals(stop)
+    feeder = threading.Thread(target=feed, args=(pipeline, state, sim, clock, stop), daemon=True)
+    feeder.start()
+    spans = tuple(s for s in config.rolling_ms if s in (3_600_000, 86_400_000))
+    spans = spans or tuple(sorted(config.rolling_ms))[-2:]
+    try:
+        with Live(console=console, refresh_per_second=2, transient=False) as live:
+            while not stop.is_set():
+                with state.lock:
+                    table = _summary(pipeline, spans)
+                if options.live:
+                    live.update(table)
+                if options.exit_when_done and clock() >= end_ms:
+                    break
+                stop.wait(0.5)
+            with state.lock:
+                live.update(_summary(pipeline, spans))
+    finally:
+        stop.set()
+        feeder.join(timeout=5)
+        server.should_exit = True
+        thread.join(timeout=5)
+    return 0

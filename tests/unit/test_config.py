@@ -1,0 +1,103 @@
+"""Settings: contract defaults, env and flags, durations, secrets."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from service.config import (
+    Settings,
+    add_settings_flags,
+    load_settings,
+    parse_duration_ms,
+    settings_from_args,
+)
+from service.errors import ConfigError
+
+
+def test_defaults_are_the_contract_values_in_milliseconds() -> None:
+    s = load_settings()
+    assert s.kafka_bootstrap_servers == "127.0.0.1:9092"
+    assert (s.queries_topic, s.feedback_topic) == ("retrieval.queries", "retrieval.feedback")
+    assert (s.windows_topic, s.deadletter_topic) == ("retrieval.windows", "retrieval.deadletter")
+    assert s.group_id == "retrieval-monitor"
+    assert (s.http_host, s.http_port) == ("127.0.0.1", 8000)
+    assert s.ks == (1, 3, 5, 10, 20)
+    assert s.attribution_window == 30 * 60_000
+    assert s.clock_skew == 5_000
+    assert s.max_out_of_orderness == 60_000
+    assert s.idle_timeout == 30_000
+    assert s.max_future_skew == 5 * 60_000
+    assert s.window == 5 * 60_000
+    assert s.rolling_windows == (15 * 60_000, 3_600_000, 86_400_000)
+    assert (s.max_pending_queries, s.max_pending_feedback, s.max_label_values) == (
+        1_000_000,
+        1_000_000,
+        50,
+    )
+    assert s.kafka_security_protocol == "PLAINTEXT"
+    assert s.kafka_sasl_password is None
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("90s", 90_000),
+        ("5m", 300_000),
+        ("1h", 3_600_000),
+        ("2d", 172_800_000),
+        ("30", 30_000),
+        (" 1.5s ", 1_500),
+        ("250ms", 250),
+        (12, 12_000),
+    ],
+)
+def test_durations(text: str | int, ms: int) -> None:
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["", "5 minutes", "-1s", "1w", True])
+def test_bad_durations_are_rejected(text: object) -> None:
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration_ms(text)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser)
+    return parser.parse_args(argv)
+
+
+def test_env_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_MONITOR_WINDOW", "1m")
+    monkeypatch.setenv("RETRIEVAL_MONITOR_KS", "1,5")
+    monkeypatch.setenv("RETRIEVAL_MONITOR_GROUP_ID", "from-env")
+    s = settings_from_args(_parse(["--group-id", "from-flag", "--rolling-windows", "10m,2h"]))
+    assert s.window == 60_000
+    assert s.ks == (1, 5)
+    assert s.group_id == "from-flag"
+    assert s.rolling_windows == (600_000, 7_200_000)
+
+
+def test_bad_settings_name_the_flag_and_the_env_var() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"ks": "0,3", "window": "soon"})
+    message = str(caught.value)
+    assert "--ks (RETRIEVAL_MONITOR_KS)" in message
+    assert "--window (RETRIEVAL_MONITOR_WINDOW)" in message
+
+
+def test_password_is_secret_but_reaches_kafka_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_MONITOR_KAFKA_SASL_PASSWORD", "hunter2-secret")
+    s = Settings(
+        kafka_security_protocol="SASL_PLAINTEXT",
+        kafka_sasl_mechanism="PLAIN",
+        kafka_sasl_username="monitor",
+    )
+    assert "hunter2-secret" not in repr(s)
+    assert "hunter2-secret" not in str(s.model_dump())
+    client = s.kafka_client_config()
+    assert client["sasl_plain_password"] == "hunter2-secret"
+    assert client["sasl_mechanism"] == "PLAIN"
+    assert client["security_protocol"] == "SASL_PLAINTEXT"
