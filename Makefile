@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test check lint typecheck unit bench clean
+.PHONY: help venv demo test check lint typecheck unit bench clean kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -23,7 +23,10 @@ demo: $(STAMP) ## evaluate and compare the example golden set shipped in example
 	@echo
 	$(BIN)/retrieval-monitor compare --qrels examples/golden/qrels.jsonl examples/golden/run_hybrid_v7.jsonl examples/golden/run_dense_v8.jsonl
 
-test: $(STAMP) lint typecheck unit ## the whole test suite: lint, types, tests (installs what it needs)
+test: $(STAMP) lint typecheck ## the whole test suite: lint, types, unit and integration tests against a real Kafka
+	@started=0; bash deploy/local/kafka/kafka.sh status >/dev/null 2>&1 || { $(MAKE) --no-print-directory kafka-up && started=1; } || exit 1; \
+	$(BIN)/pytest -q; rc=$$?; \
+	if [ $$started = 1 ]; then $(MAKE) --no-print-directory kafka-down; fi; exit $$rc
 
 lint: $(STAMP) ## ruff lint and format check
 	$(BIN)/ruff check service tests examples
@@ -32,11 +35,17 @@ lint: $(STAMP) ## ruff lint and format check
 typecheck: $(STAMP) ## mypy --strict on the package
 	$(BIN)/mypy
 
-unit: $(STAMP) ## the pytest suite
-	$(BIN)/pytest -q
+unit: $(STAMP) ## the unit tests only (no services needed)
+	$(BIN)/pytest -q tests/unit
 
 bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in the same run)
 	$(BIN)/python tests/benchmarks/bench_evaluate.py
+
+kafka-up: $(STAMP) ## start a local single-node Kafka (KRaft) on 127.0.0.1:9092 from Maven Central jars
+	bash deploy/local/kafka/kafka.sh up
+
+kafka-down: ## stop it
+	bash deploy/local/kafka/kafka.sh down
 
 clean: ## remove the virtual environment and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

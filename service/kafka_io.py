@@ -127,9 +127,18 @@ class KafkaEdge:
             for p in sorted(partitions):
                 if p in self.pipeline.streams:
                     continue
-                meta = [committed.get(TopicPartition(t, p)) for t in self.topics]
+                tps = [TopicPartition(t, p) for t in self.topics]
+                meta = [committed.get(tp) for tp in tps]
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
                 self.pipeline.assign(p, restart.published_through_ms, restart.counted_from)
+                # Always restart from the commit: a partition kept across an eager
+                # rebalance would otherwise continue from its position, and the state
+                # dropped on revoke would never be rebuilt.
+                for tp, m in zip(tps, meta, strict=True):
+                    if m is None or m.offset is None or m.offset < 0:
+                        self.consumer.seek_to_beginning(tp)
+                    else:
+                        self.consumer.seek(tp, m.offset)
             self.state.health.assigned = len(self.pipeline.streams)
         log.info("assigned partitions %s", sorted(partitions))
 

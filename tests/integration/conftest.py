@@ -1,0 +1,54 @@
+"""Fixtures for tests against the real Apache Kafka broker started by the test command.
+
+``make test`` runs ``make kafka-up`` first (a single KRaft node on 127.0.0.1:9092 from
+Maven Central jars). A test here fails, never skips, when the broker is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kafka.admin import KafkaAdminClient, NewTopic
+
+from tests.integration.kafka_helpers import BOOTSTRAP, Topics
+
+
+@pytest.fixture(scope="session")
+def admin() -> Iterator[KafkaAdminClient]:
+    try:
+        client = KafkaAdminClient(
+            bootstrap_servers=BOOTSTRAP, request_timeout_ms=10_000, client_id="tests-admin"
+        )
+    except Exception as error:
+        pytest.fail(
+            f"no Kafka broker on {BOOTSTRAP} ({error}); start one with `make kafka-up` "
+            "(`make test` does) or set RETRIEVAL_MONITOR_TEST_KAFKA"
+        )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def topics(admin: KafkaAdminClient) -> Iterator[Topics]:
+    suffix = uuid.uuid4().hex[:8]
+    names = Topics(
+        queries=f"it-{suffix}.queries",
+        feedback=f"it-{suffix}.feedback",
+        windows=f"it-{suffix}.windows",
+        deadletter=f"it-{suffix}.deadletter",
+        group=f"it-{suffix}",
+    )
+    admin.create_topics(
+        [
+            NewTopic(names.queries, num_partitions=4, replication_factor=1),
+            NewTopic(names.feedback, num_partitions=4, replication_factor=1),
+            NewTopic(names.windows, num_partitions=1, replication_factor=1),
+            NewTopic(names.deadletter, num_partitions=1, replication_factor=1),
+        ]
+    )
+    yield names
+    if not os.environ.get("RETRIEVAL_MONITOR_KEEP_TOPICS"):
+        admin.delete_topics([names.queries, names.feedback, names.windows, names.deadletter])
