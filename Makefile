@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo test check lint typecheck unit bench clean kafka-up kafka-down
+.PHONY: help venv demo demo-golden test check lint typecheck unit bench clean kafka-up kafka-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -18,7 +18,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install the package with its test dependencies
 
-demo: $(STAMP) ## evaluate and compare the example golden set shipped in examples/golden
+demo: $(STAMP) ## the live pipeline and HTTP server on simulated traffic with a bad deploy (no Kafka; Ctrl-C stops)
+	$(BIN)/retrieval-monitor demo
+
+demo-golden: $(STAMP) ## evaluate and compare the example golden set shipped in examples/golden
 	$(BIN)/retrieval-monitor evaluate --qrels examples/golden/qrels.jsonl --run examples/golden/run_hybrid_v7.jsonl
 	@echo
 	$(BIN)/retrieval-monitor compare --qrels examples/golden/qrels.jsonl examples/golden/run_hybrid_v7.jsonl examples/golden/run_dense_v8.jsonl

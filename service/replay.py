@@ -114,10 +114,14 @@ def replay(
     on_windows: Callable[[list[ClosedWindow]], None],
     *,
     now_ms: Callable[[], int] | None = None,
-    errors_to: TextIO | None = sys.stderr,
+    errors_to: TextIO | None = None,
     max_errors_shown: int = 20,
 ) -> tuple[Pipeline, ReplayReport]:
-    """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows."""
+    """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
+
+    Bad lines are reported to ``errors_to`` (default: stderr) with file and line number.
+    """
+    errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or (lambda: time.time_ns() // 1_000_000)
     pipeline = Pipeline(replace(config, join=replace(config.join, idle_timeout_ms=None)), clock)
     pipeline.assign(0)
@@ -139,7 +143,7 @@ def replay(
             topic = QUERIES if error.topic is None else error.topic
             pipeline.invalid(0, topic, offsets[topic], error.reason)
             offsets[topic] += 1
-            if errors_to is not None and report.invalid <= max_errors_shown:
+            if report.invalid <= max_errors_shown:
                 print(f"{path}:{number}: skipped ({error.reason}): {error}", file=errors_to)
             continue
         if isinstance(line, _QueryLine):
@@ -150,11 +154,11 @@ def replay(
             offsets[FEEDBACK] += 1
         if failure is not None:
             report.invalid += 1
-            if errors_to is not None and report.invalid <= max_errors_shown:
+            if report.invalid <= max_errors_shown:
                 print(f"{path}:{number}: skipped ({failure.reason}): {failure}", file=errors_to)
         if report.lines % ADVANCE_EVERY == 0:
             emit(pipeline.advance())
     emit(pipeline.finish())
-    if errors_to is not None and report.invalid > max_errors_shown:
+    if report.invalid > max_errors_shown:
         print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)
     return pipeline, report
