@@ -27,7 +27,7 @@ demo-golden: $(STAMP) ## evaluate and compare the example golden set shipped in 
 	$(BIN)/retrieval-monitor compare --qrels examples/golden/qrels.jsonl examples/golden/run_hybrid_v7.jsonl examples/golden/run_dense_v8.jsonl
 
 test: $(STAMP) lint typecheck ## the whole test suite: lint, types, unit and integration tests against a real Kafka
-	@started=0; bash deploy/local/kafka/kafka.sh status >/dev/null 2>&1 || { $(MAKE) --no-print-directory kafka-up && started=1; } || exit 1; \
+	@started=0; bash deploy/local/kafka/kafka.sh reachable || { $(MAKE) --no-print-directory kafka-up && started=1; } || exit 1; \
 	$(BIN)/pytest -q; rc=$$?; \
 	if [ $$started = 1 ]; then $(MAKE) --no-print-directory kafka-down; fi; exit $$rc
 

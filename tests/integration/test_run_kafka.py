@@ -156,3 +156,39 @@ def test_sigterm_and_restart_mid_stream_is_exact(topics: Topics, tmp_path: Path)
     records = read_all(topics.windows)
     assert len(records) == len(expected), "a window was published more than once"
     assert sum(w.queries for w in published.values()) == n_queries
+
+
+def test_simulate_to_kafka_then_run(topics: Topics, tmp_path: Path) -> None:
+    """The CLI path: `simulate --kafka` keys by query id with Kafka's own partitioner."""
+    from kafka.partitioner.default import murmur2
+
+    from service.cli import main
+
+    env = {
+        "--kafka-bootstrap-servers": topics.env()["RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS"],
+        "--queries-topic": topics.queries,
+        "--feedback-topic": topics.feedback,
+    }
+    args = [x for pair in env.items() for x in pair]
+    jsonl = tmp_path / "events.jsonl"
+    # the same seed and start give the same events: a JSONL copy is the oracle's input
+    start = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3 * 3600))
+    common = ["--start", start, "--hours", "1h", "--deploy-at", "30m", "--seed", "9"]
+    common += ["--queries-per-hour", "1800"]
+    assert main(["simulate", "--jsonl", str(jsonl), *common]) == 0
+    assert main(["simulate", "--kafka", *common, *args]) == 0
+
+    lines = [json.loads(raw) for raw in jsonl.read_text().splitlines()]
+    queries = [QueryEvent.model_validate(x["event"]) for x in lines if x["topic"] == "queries"]
+    feedback = [FeedbackEvent.model_validate(x["event"]) for x in lines if x["topic"] == "feedback"]
+    mapping = {q.query_id: (murmur2(q.query_id.encode()) & 0x7FFFFFFF) % 4 for q in queries}
+    expected = evaluate_event_log(queries, feedback, partition_of=mapping)
+
+    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
+    try:
+        service.wait_ready()
+        _wait_all_final(service, len(queries))
+    finally:
+        assert service.stop() == 0, service.tail()
+    published, _ = _published(topics)
+    assert published == expected

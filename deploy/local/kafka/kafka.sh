@@ -4,6 +4,7 @@
 #
 #   kafka.sh up            start it (idempotent), wait until it answers, print bootstrap
 #   kafka.sh down [--wipe] stop the broker this script started; --wipe deletes its data
+#   kafka.sh reachable     exit 0 if any broker answers on the port (ours or not)
 #   kafka.sh status        exit 0 if it is running and answering (1: running but not
 #                          answering, 3: not running)
 #
@@ -473,6 +474,15 @@ cmd_status() {
     return 1
 }
 
+# Exit 0 if any Kafka broker (ours or not) answers on $BOOTSTRAP.
+cmd_reachable() {
+    if port_open "$PORT" && admin_ok "$BOOTSTRAP"; then
+        say "a broker answers on $BOOTSTRAP"
+        return 0
+    fi
+    return 1
+}
+
 check_port_number KAFKA_PORT "$PORT"
 check_port_number KAFKA_CONTROLLER_PORT "$CONTROLLER_PORT"
 [[ "$PORT" != "$CONTROLLER_PORT" ]] || die "KAFKA_PORT and KAFKA_CONTROLLER_PORT must differ"
@@ -484,6 +494,7 @@ case "${1:-}" in
         cmd_down "$@"
         ;;
     status) cmd_status ;;
+    reachable) cmd_reachable ;;
     -h | --help | help) usage 0 ;;
     *) usage 2 ;;
 esac
