@@ -80,6 +80,7 @@ class PartitionStream:
         now_ms: Callable[[], int],
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
+        orphans_from: int | None = None,
     ) -> None:
         self.partition = partition
         self.config = config
@@ -89,6 +90,9 @@ class PartitionStream:
         )
         self.published_through_ms = published_through_ms
         self.counted_from = list(counted_from)
+        # Feedback that was still waiting for its query at the last commit was counted
+        # as an event but not yet classified: its expiry counts from this offset on.
+        self.orphans_from = counted_from[FEEDBACK] if orphans_from is None else orphans_from
         self.next_offset = [-1, -1]
         self.pending: dict[str, PendingQuery] = {}
         self.windows: dict[WindowKey, OpenWindow] = {}
@@ -123,6 +127,14 @@ class PartitionStream:
         if start + cfg.window_ms <= self.published_through_ms:
             if count:  # re-read records of published windows are expected and silent
                 self.counts.late[QUERIES_KIND] += 1
+            else:  # its re-read feedback is then recognised as belonging to a final query
+                self._recent[query_id] = None
+                self._recent_queue.append(
+                    (start + cfg.window_ms + 2 * cfg.attribution_ms, [query_id])
+                )
+                waiting = self.orphans.pop(query_id, None)
+                if waiting is not None:
+                    self.n_orphans -= len(waiting)
             return False
         self.watermark.observe(QUERIES, ts_ms)
         if self.watermark.value > ts_ms + cfg.attribution_ms:
@@ -146,7 +158,9 @@ class PartitionStream:
         if waiting is not None:
             self.n_orphans -= len(waiting)
             for fb_ts, chunk, grade, fb_offset in waiting:
-                self._attach(query, fb_ts, chunk, grade, fb_offset)
+                applied = self._attach(query, fb_ts, chunk, grade, fb_offset)
+                if not applied and fb_offset >= self.orphans_from:
+                    self.counts.unmatched["outside_window"] += 1
         return True
 
     def add_feedback(
@@ -231,7 +245,7 @@ class PartitionStream:
                 break
             orphans.popitem(last=False)
             self.n_orphans -= len(waiting)
-            counted = sum(1 for item in waiting if item[3] >= self.counted_from[FEEDBACK])
+            counted = sum(1 for item in waiting if item[3] >= self.orphans_from)
             self.counts.unmatched["no_query"] += counted
         queue = self._recent_queue
         while queue and queue[0][0] < wm:
@@ -263,6 +277,10 @@ class PartitionStream:
 
     # -- commits -------------------------------------------------------------------------
 
+    def oldest_orphan_offset(self) -> int:
+        """Offset of the oldest feedback waiting for its query (the orphans must not be empty)."""
+        return next(iter(self.orphans.values()))[0][3]
+
     def commit_offsets(self) -> tuple[int, int]:
         """Per topic, the lowest offset still needed to rebuild the unpublished state.
 
@@ -271,7 +289,7 @@ class PartitionStream:
         q_needed = [w.min_q_offset for w in self.windows.values()]
         fb_needed = [w.min_fb_offset for w in self.windows.values()]
         if self.orphans:
-            fb_needed.append(next(iter(self.orphans.values()))[0][3])
+            fb_needed.append(self.oldest_orphan_offset())
         q = min([*q_needed, self.next_offset[QUERIES]]) if self.next_offset[QUERIES] >= 0 else -1
         nfb = self.next_offset[FEEDBACK]
         fb = min([*fb_needed, nfb]) if nfb >= 0 else -1

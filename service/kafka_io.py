@@ -130,7 +130,9 @@ class KafkaEdge:
                 tps = [TopicPartition(t, p) for t in self.topics]
                 meta = [committed.get(tp) for tp in tps]
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
-                self.pipeline.assign(p, restart.published_through_ms, restart.counted_from)
+                self.pipeline.assign(
+                    p, restart.published_through_ms, restart.counted_from, restart.orphans_from
+                )
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.

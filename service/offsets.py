@@ -25,36 +25,41 @@ class Restart:
 
     published_through_ms: int = NEVER
     counted_from: tuple[int, int] = (0, 0)
+    orphans_from: int = 0
 
 
-def encode_metadata(published_through_ms: int, counted_through: int) -> str:
-    """The commit metadata string of one topic partition (compact JSON, < 100 bytes)."""
-    return json.dumps(
-        {
-            "v": METADATA_VERSION,
-            "published_through": published_through_ms,
-            "counted": counted_through,
-        },
-        separators=(",", ":"),
-    )
+def encode_metadata(published_through_ms: int, counted_through: int, unclassified: int) -> str:
+    """The commit metadata string of one topic partition (compact JSON, < 120 bytes).
+
+    ``unclassified`` is the offset of the oldest feedback still waiting for its query
+    (counted as an event, not yet as matched or unmatched); ``counted_through`` when none.
+    """
+    data = {
+        "v": METADATA_VERSION,
+        "published_through": published_through_ms,
+        "counted": counted_through,
+        "waiting": unclassified,
+    }
+    return json.dumps(data, separators=(",", ":"))
 
 
-def decode_metadata(text: str | None) -> tuple[int, int]:
-    """(published_through_ms, counted_through) from a commit's metadata; defaults if absent."""
+def decode_metadata(text: str | None) -> tuple[int, int, int]:
+    """(published_through_ms, counted_through, unclassified) of a commit; defaults if absent."""
     if not text:
-        return NEVER, 0
+        return NEVER, 0, 0
     try:
         data = json.loads(text)
-        return int(data["published_through"]), int(data["counted"])
-    except (ValueError, KeyError, TypeError):
-        return NEVER, 0  # written by something else: start conservatively
+        counted = int(data["counted"])
+        return int(data["published_through"]), counted, int(data.get("waiting", counted))
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return NEVER, 0, 0  # written by something else: start conservatively
 
 
 def restart_from(queries_metadata: str | None, feedback_metadata: str | None) -> Restart:
     """Combine the markers stored with the two topics' commits of one partition."""
-    q_published, q_counted = decode_metadata(queries_metadata)
-    fb_published, fb_counted = decode_metadata(feedback_metadata)
-    return Restart(max(q_published, fb_published), (q_counted, fb_counted))
+    q_published, q_counted, _ = decode_metadata(queries_metadata)
+    fb_published, fb_counted, fb_waiting = decode_metadata(feedback_metadata)
+    return Restart(max(q_published, fb_published), (q_counted, fb_counted), fb_waiting)
 
 
 def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
@@ -69,5 +74,9 @@ def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
         if offset < 0:
             continue
         counted = max(stream.next_offset[topic], stream.counted_from[topic])
-        plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted))
+        waiting = counted
+        if topic == FEEDBACK and stream.orphans:
+            # orphans below the current marker were classified in an earlier life
+            waiting = min(counted, max(stream.orphans_from, stream.oldest_orphan_offset()))
+        plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted, waiting))
     return plan

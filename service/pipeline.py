@@ -110,6 +110,7 @@ class Pipeline:
         partition: int,
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
+        orphans_from: int | None = None,
     ) -> PartitionStream:
         """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
         stream = PartitionStream(
@@ -119,6 +120,7 @@ class Pipeline:
             self.now_ms,
             published_through_ms=published_through_ms,
             counted_from=counted_from,
+            orphans_from=orphans_from,
         )
         self.streams[partition] = stream
         return stream
