@@ -76,7 +76,14 @@ def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
     events = _traffic(seed=21)
     expected = _expected(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
-    produce(topics, events)
+    poison = [
+        (topics.queries, b"\x00garbage"),
+        (topics.queries, b'{"query_id": "p1", "timestamp": 1, "retriever": "v"}'),
+        (topics.feedback, b'{"query_id": "p2", "timestamp": "2026-12-01T00:00:00", '
+         b'"chunk_id": "c", "signal": "click"}'),
+    ]  # fmt: skip
+    produce(topics, events[: len(events) // 2], raw=poison)
+    produce(topics, events[len(events) // 2 :])
 
     service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
     try:
@@ -111,8 +118,20 @@ def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
             samples, "retrieval_reciprocal_rank_sum", retriever=retriever
         ) == pytest.approx(rr.sum_fx / SCALE, rel=1e-12)
     assert total(samples, "retrieval_queries_total") == n_queries
-    assert total(samples, "retrieval_invalid_events_total") == 0
     assert total(samples, "retrieval_late_events_total") == 0
+    # bad records: counted by reason, dead-lettered with the reason and their source
+    assert total(samples, "retrieval_invalid_events_total", reason="invalid_json") == 1
+    assert total(samples, "retrieval_invalid_events_total", reason="missing_results") == 1
+    assert total(samples, "retrieval_invalid_events_total", reason="naive_timestamp") == 1
+    dead = read_all(topics.deadletter)
+    assert sorted(r.value for r in dead) == sorted(v for _, v in poison)
+    for record in dead:
+        headers = {k: v.decode() for k, v in record.headers}
+        assert headers["source_topic"] in (topics.queries, topics.feedback)
+        assert headers["source_partition"] == "0"
+        assert int(headers["source_offset"]) >= 0
+        assert headers["reason"] in {"invalid_json", "missing_results", "naive_timestamp"}
+        assert headers["error"]
 
 
 def test_sigterm_and_restart_mid_stream_is_exact(topics: Topics, tmp_path: Path) -> None:

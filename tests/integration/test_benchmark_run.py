@@ -1,0 +1,31 @@
+"""The Kafka benchmark script still runs against the real broker (tiny size, no timing)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_run_kafka.py"
+
+
+@pytest.mark.usefixtures("admin")  # fails with a clear message when the broker is missing
+def test_bench_run_kafka_runs_and_the_service_reads_everything() -> None:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--events", "3000", "--repeat", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    assert "data: 3000 events" in out
+    assert re.search(
+        r"every variant read 3000 events; the service finalised all \d+ queries: True", out
+    )
+    assert "ratio run / bare events/s:" in out
+    assert "run, process start to all windows published (pending 0): median" in out
