@@ -117,6 +117,13 @@ class Settings(BaseSettings):
     max_pending_queries: int = Field(1_000_000, ge=1)
     max_pending_feedback: int = Field(1_000_000, ge=1)
     max_label_values: int = Field(50, ge=1)
+    session_timeout: PositiveDuration = "45s"  # type: ignore[assignment]
+    """A crashed replica's partitions move to the others after this long."""
+    exactly_once: bool = True
+    """Publish windows and commit offsets in one Kafka transaction (else: at least once)."""
+    transactional_id: str | None = None
+    """Stable per replica, so a restarted process fences its crashed predecessor at once;
+    default ``<group_id>-<hostname>-<http_port>``."""
     commit_interval: PositiveDuration = "5s"  # type: ignore[assignment]
     poll_timeout: PositiveDuration = "200ms"  # type: ignore[assignment]
     max_poll_records: int = Field(2000, ge=1)

@@ -16,6 +16,7 @@ and commit through the coordinator's async API.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from service.config import Settings
 from service.errors import ConfigError, EventError
 from service.events import decode_feedback, decode_query
 from service.offsets import commit_plan, restart_from
+from service.publisher import Publisher
 from service.state import ServiceState
 from service.watermark import FEEDBACK, QUERIES
 from service.windows import ClosedWindow
@@ -62,8 +64,8 @@ class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
         offsets = self.edge.hand_over({tp.partition for tp in revoked})
-        if offsets:
-            try:  # the coordinator's own async commit: we are on its IO thread
+        if offsets:  # at-least-once mode: commit through the coordinator's async API
+            try:
                 await self.edge.consumer._coordinator._commit_offsets_sync_async(offsets)
             except Exception as error:  # the new owner re-reads from the older commit
                 log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
@@ -94,11 +96,23 @@ class KafkaEdge:
             auto_offset_reset="earliest",
             partition_assignment_strategy=[RangePartitionAssignor],
             max_poll_records=settings.max_poll_records,
+            session_timeout_ms=settings.session_timeout,
+            heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
             client_id="retrieval-monitor",
         )
-        self.producer = KafkaProducer(
-            **client, acks="all", linger_ms=20, client_id="retrieval-monitor-publisher"
+        self.publisher = Publisher(
+            client,
+            settings.windows_topic,
+            settings.deadletter_topic,
+            transactional=settings.exactly_once,
+            transactional_id=settings.transactional_id
+            or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
         )
+        # Lock order: producer lock, then the pipeline lock. The producer lock serialises
+        # every use of the (transactional) producer between this thread and callbacks.
+        self._producer_lock = threading.Lock()
+        self._unconfirmed: list[ClosedWindow] = []
+        self._needs_rebuild = False
         self._last_commit_ms = 0
         self._last_lag_ms = 0
 
@@ -145,15 +159,27 @@ class KafkaEdge:
         log.info("assigned partitions %s", sorted(partitions))
 
     def hand_over(self, partitions: set[int]) -> dict[Any, OffsetAndMetadata]:
-        """Publish what is closed, return the offsets to commit, and drop the partitions."""
-        with self.lock:
-            self._publish(self.pipeline.advance())
-            offsets = self._offsets(partitions)
-            for p in partitions:
-                self.pipeline.revoke(p)
-            self.state.health.assigned = len(self.pipeline.streams)
+        """Publish what is closed, commit, and drop the partitions.
+
+        Returns the offsets still to commit through the coordinator (at-least-once mode);
+        in transactional mode they are committed here, with the windows.
+        """
+        with self._producer_lock:
+            with self.lock:
+                offsets = self._seal(set(self.pipeline.streams))
+            try:
+                self.publisher.commit(offsets, self.consumer.group_metadata, None)
+            except Exception as error:  # the next owner re-reads from the older commit
+                log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
+                self.publisher.abort()
+                offsets = {}
+            with self.lock:
+                self._confirm()
+                for p in partitions:
+                    self.pipeline.revoke(p)
+                self.state.health.assigned = len(self.pipeline.streams)
         log.info("revoked partitions %s", sorted(partitions))
-        return offsets
+        return {} if self.publisher.transactional else offsets
 
     def drop(self, partitions: set[int]) -> None:
         """Partitions were lost (another member owns them): drop state, commit nothing."""
@@ -173,20 +199,25 @@ class KafkaEdge:
                 timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
             )
             now = self.state.wall_ms()
-            offsets: dict[Any, OffsetAndMetadata] = {}
-            with self.lock:
-                self.state.health.last_poll_ms = now
-                self.state.health.polls += 1
-                for tp, records in batch.items():
-                    self._process(tp, records)
-                windows = self.pipeline.advance()
-                due = now - self._last_commit_ms >= settings.commit_interval
-                if windows or due:
-                    self._publish(windows)
-                    offsets = self._offsets(set(self.pipeline.streams))
-            if offsets:
-                self._commit(offsets)
+            with self._producer_lock:
+                with self.lock:
+                    self.state.health.last_poll_ms = now
+                    self.state.health.polls += 1
+                    for tp, records in batch.items():
+                        self._process(tp, records)
+                    closed = self.pipeline.advance()
+                    self._send(closed)
+                    due = closed or now - self._last_commit_ms >= settings.commit_interval
+                    offsets = self._seal(set(self.pipeline.streams)) if due else None
+                if offsets is not None and self.publisher.transactional:
+                    self._commit(offsets)
+            if offsets is not None and not self.publisher.transactional:
+                self._commit(offsets)  # blocks on the consumer: outside the locks
+            if offsets is not None:
                 self._last_commit_ms = now
+            if self._needs_rebuild:
+                self._needs_rebuild = False
+                self._rebuild()
             if now - self._last_lag_ms >= 1000:
                 self._update_lag()
                 self._last_lag_ms = now
@@ -194,14 +225,18 @@ class KafkaEdge:
         self.close()
 
     def close(self) -> None:
-        """Clean stop: publish, commit, leave the group (revoke publishes the rest)."""
-        with self.lock:
-            self._publish(self.pipeline.advance())
-            offsets = self._offsets(set(self.pipeline.streams))
-        self._commit(offsets)
+        """Clean stop: publish, commit, leave the group."""
+        with self._producer_lock:
+            with self.lock:
+                self._send(self.pipeline.advance())
+                offsets = self._seal(set(self.pipeline.streams))
+            if self.publisher.transactional:
+                self._commit(offsets)
+        if not self.publisher.transactional:
+            self._commit(offsets)
         self.consumer.unsubscribe()
         self.consumer.close(autocommit=False)
-        self.producer.close()
+        self.publisher.close()
 
     def _process(self, tp: Any, records: Iterable[Any]) -> None:
         partition = tp.partition
@@ -226,33 +261,19 @@ class KafkaEdge:
     def _dead_letter(self, record: Any, error: EventError) -> None:
         where = f"{record.topic}[{record.partition}]@{record.offset}"
         log.warning("dead-lettered %s: %s: %s", where, error.reason, error)
-        headers = [
-            ("reason", error.reason.encode()),
-            ("error", str(error).encode()[:1000]),
-            ("source_topic", record.topic.encode()),
-            ("source_partition", str(record.partition).encode()),
-            ("source_offset", str(record.offset).encode()),
-        ]
-        self.producer.send(
-            self.settings.deadletter_topic, value=record.value, key=record.key, headers=headers
-        )
+        self.publisher.dead_letter(record, error)
         self.state.health.deadletters += 1
 
-    def _publish(self, windows: list[ClosedWindow]) -> None:
-        """Send the windows and wait for every pending send (dead letters too)."""
-        keys = self.pipeline.metric_keys
-        for window in windows:
-            self.producer.send(
-                self.settings.windows_topic,
-                key=window.key.encode(),
-                value=orjson.dumps(window.to_record(keys)),
-            )
-        self.producer.flush()
+    def _send(self, windows: list[ClosedWindow]) -> None:
+        """Send closed windows and move the markers (under both locks)."""
         if windows:
-            self.pipeline.published(windows)
-            self.state.health.published_records += len(windows)
+            self.publisher.windows(windows, self.pipeline.metric_keys)
+            self.pipeline.mark_published(windows)
+            self._unconfirmed.extend(windows)
 
-    def _offsets(self, partitions: Iterable[int]) -> dict[Any, OffsetAndMetadata]:
+    def _seal(self, partitions: Iterable[int]) -> dict[Any, OffsetAndMetadata]:
+        """Send what closed and return the offsets to commit (under both locks)."""
+        self._send(self.pipeline.advance())
         out = {}
         for p in partitions:
             stream = self.pipeline.streams.get(p)
@@ -262,14 +283,37 @@ class KafkaEdge:
                 out[TopicPartition(self.topics[topic], p)] = OffsetAndMetadata(offset, metadata, -1)
         return out
 
+    def _confirm(self) -> None:
+        """The sent windows are durable: count them (under the pipeline lock)."""
+        self.pipeline.confirm_published(self._unconfirmed)
+        self.state.health.published_records += len(self._unconfirmed)
+        self.state.health.commits += 1
+        self._unconfirmed = []
+
     def _commit(self, offsets: dict[Any, OffsetAndMetadata]) -> None:
-        if not offsets:
-            return
         try:
-            self.consumer.commit(offsets)
-            self.state.health.commits += 1
-        except Exception as error:  # a rebalance is under way; its revoke commits instead
-            log.warning("commit failed (%s); will retry after the rebalance", error)
+            self.publisher.commit(offsets, self.consumer.group_metadata, self.consumer.commit)
+        except Exception as error:
+            if not self.publisher.transactional:  # records are out; a rebalance re-commits
+                log.warning("commit failed (%s); will retry after the rebalance", error)
+            else:
+                log.warning("transaction failed (%s); rebuilding from the last commit", error)
+                self.publisher.abort()
+                self._needs_rebuild = True  # done outside the producer lock
+                return
+        with self.lock:
+            self._confirm()
+
+    def _rebuild(self) -> None:
+        """Drop all state and restart every partition from its last committed offsets."""
+        with self.lock:
+            partitions = sorted(self.pipeline.streams)
+            for p in partitions:
+                self.pipeline.revoke(p)
+            self._unconfirmed = []
+        tps = {TopicPartition(t, p) for t in self.topics for p in partitions}
+        committed = {tp: self.consumer.committed(tp, metadata=True) for tp in tps}
+        self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
     def _update_lag(self) -> None:
         lag: dict[tuple[str, int], int] = {}

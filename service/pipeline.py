@@ -281,18 +281,28 @@ class Pipeline:
             )
         return out
 
-    def published(self, windows: Iterable[ClosedWindow]) -> None:
-        """Windows are durably published: move markers, fold them into the counters."""
-        windows = list(windows)
+    def mark_published(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows were sent: move each partition's published-through marker (for commits)."""
         for w in windows:
             stream = self.streams.get(w.partition)
             if stream is not None:
                 stream.mark_published(w.end_ms)
+
+    def confirm_published(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows are durable: fold them into the counters, summaries and rolling views."""
+        windows = list(windows)
+        for w in windows:
             self.counts.finalized[w.retriever, w.segment, True] += w.labelled
             self.counts.finalized[w.retriever, w.segment, False] += w.unlabelled
             self.counts.add_published(w.retriever, w.segment, w.metrics)
             self.counts.windows_published += 1
         self.closed.add(windows)
+
+    def published(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows are durably published (replay, demo): both steps at once."""
+        windows = list(windows)
+        self.mark_published(windows)
+        self.confirm_published(windows)
 
     # -- gauges --------------------------------------------------------------------------
 

@@ -74,7 +74,9 @@ def produce(
 
 def read_all(topic: str, timeout_s: float = 20) -> list[Any]:
     """Every record of a topic, from the beginning to its current end."""
-    consumer = KafkaConsumer(bootstrap_servers=BOOTSTRAP, enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, isolation_level="read_committed"
+    )
     parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
     consumer.assign(parts)
     consumer.seek_to_beginning(*parts)
