@@ -205,9 +205,10 @@ class KafkaEdge:
                     self.state.health.polls += 1
                     for tp, records in batch.items():
                         self._process(tp, records)
-                    closed = self.pipeline.advance()
-                    self._send(closed)
-                    due = closed or now - self._last_commit_ms >= settings.commit_interval
+                    self._send(self.pipeline.advance())
+                    # Closed windows ride in the open transaction until the next commit:
+                    # committing per poll would cost a transaction per batch in catch-up.
+                    due = now - self._last_commit_ms >= settings.commit_interval
                     offsets = self._seal(set(self.pipeline.streams)) if due else None
                 if offsets is not None and self.publisher.transactional:
                     self._commit(offsets)
@@ -316,20 +317,20 @@ class KafkaEdge:
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
     def _update_lag(self) -> None:
+        """Lag per topic partition; a partition with a backlog never counts as idle."""
         lag: dict[tuple[str, int], int] = {}
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
-            if high is None:
-                continue
-            stream = self.pipeline.streams.get(tp.partition)
-            topic = QUERIES if tp.topic == self.topics[0] else FEEDBACK
-            position = self.consumer.position(tp)
-            behind = max(0, high - position) if position is not None else 0
-            lag[tp.topic, tp.partition] = behind
-            if stream is not None:
-                stream.watermark.set_backlog(topic, behind > 0)
+            position = self.consumer.position(tp) if high is not None else None
+            if high is not None and position is not None:
+                lag[tp.topic, tp.partition] = max(0, high - position)
         with self.lock:
             self.state.health.lag = lag
+            for (topic, partition), behind in lag.items():
+                stream = self.pipeline.streams.get(partition)
+                if stream is not None:
+                    kind = QUERIES if topic == self.topics[0] else FEEDBACK
+                    stream.watermark.set_backlog(kind, behind > 0)
 
 
 def produce_events(settings: Settings, events: Iterable[Any]) -> int:

@@ -21,7 +21,7 @@ from service.counters import FEEDBACK as FEEDBACK_KIND
 from service.counters import QUERIES as QUERIES_KIND
 from service.counters import Counts
 from service.errors import EventError
-from service.events import FeedbackEvent, QueryEvent
+from service.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.ir_metrics import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
 from service.join import JoinConfig, PartitionStream, WindowKey
 from service.labels import LabelPolicy
@@ -83,9 +83,9 @@ class LabelCap:
         return OTHER
 
 
-def chunk_hashes(chunk_ids: Iterable[str]) -> array[int]:
+def chunk_hashes(results: Iterable[str | ScoredResult]) -> array[int]:
     """Chunk ids as 64-bit hashes in rank order (the join only compares ids of one query)."""
-    return array("q", map(hash, chunk_ids))
+    return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
 
 
 class Pipeline:
@@ -131,8 +131,8 @@ class Pipeline:
 
     # -- records -------------------------------------------------------------------------
 
-    def _guard(self, ts_ms: int) -> EventError | None:
-        ahead = ts_ms - self.now_ms()
+    def _guard(self, ts_ms: int, now_ms: int) -> EventError | None:
+        ahead = ts_ms - now_ms
         if ahead > self.config.max_future_skew_ms:
             return EventError(
                 "future_timestamp",
@@ -145,16 +145,17 @@ class Pipeline:
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
         """Take a valid query event; return an error when the guard rejects it."""
         stream = self.streams[partition]
-        count = stream.seen(QUERIES, offset, self.now_ms())
+        now_ms = self.now_ms()
+        count = stream.seen(QUERIES, offset, now_ms)
         if count:
             self.counts.events[QUERIES_KIND] += 1
         ts_ms = event.timestamp_ms
-        error = self._guard(ts_ms)
+        error = self._guard(ts_ms, now_ms)
         if error is not None:
             if count:
                 self.counts.invalid[QUERIES_KIND, error.reason] += 1
             return error
-        hashes = chunk_hashes(event.chunk_ids())
+        hashes = chunk_hashes(event.results)
         if count and len(set(hashes)) != len(hashes):
             self.counts.duplicate_results += 1
         retriever = self._retriever(event.retriever)
@@ -179,11 +180,12 @@ class Pipeline:
     def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
         """Take a valid feedback event; return an error when the guard rejects it."""
         stream = self.streams[partition]
-        count = stream.seen(FEEDBACK, offset, self.now_ms())
+        now_ms = self.now_ms()
+        count = stream.seen(FEEDBACK, offset, now_ms)
         if count:
             self.counts.events[FEEDBACK_KIND] += 1
         ts_ms = event.timestamp_ms
-        error = self._guard(ts_ms)
+        error = self._guard(ts_ms, now_ms)
         if error is not None:
             if count:
                 self.counts.invalid[FEEDBACK_KIND, error.reason] += 1

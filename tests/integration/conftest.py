@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from tests.integration.kafka_helpers import BOOTSTRAP, Topics
+from tests.integration.kafka_helpers import BOOTSTRAP, ServiceProcess, Topics
 
 
 @pytest.fixture(scope="session")
@@ -52,3 +52,14 @@ def topics(admin: KafkaAdminClient) -> Iterator[Topics]:
     yield names
     if not os.environ.get("RETRIEVAL_MONITOR_KEEP_TOPICS"):
         admin.delete_topics([names.queries, names.feedback, names.windows, names.deadletter])
+
+
+@pytest.fixture(autouse=True)
+def _stop_leftover_services() -> Iterator[None]:
+    """A test that fails half way must not leave a service process running."""
+    yield
+    while ServiceProcess.started:
+        service = ServiceProcess.started.pop()
+        if service.process.poll() is None:
+            service.process.kill()
+            service.process.wait(timeout=30)

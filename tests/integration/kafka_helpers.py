@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
@@ -99,6 +99,9 @@ def free_port() -> int:
 class ServiceProcess:
     """``python -m service run`` as a child process, configured through env vars."""
 
+    started: ClassVar[list[ServiceProcess]] = []
+    """Every process started, so that a failing test still stops them (see conftest)."""
+
     def __init__(self, topics: Topics, log_path: Path, **settings: str) -> None:
         self.port = free_port()
         env = {**os.environ, **topics.env()}
@@ -110,6 +113,7 @@ class ServiceProcess:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "service", "run"], env=env, stdout=self._log, stderr=self._log
         )
+        ServiceProcess.started.append(self)
 
     def get(self, path: str) -> tuple[int, bytes]:
         try:

@@ -28,4 +28,4 @@ def test_bench_run_kafka_runs_and_the_service_reads_everything() -> None:
         r"every variant read 3000 events; the service finalised all \d+ queries: True", out
     )
     assert "ratio run / bare events/s:" in out
-    assert "run, process start to all windows published (pending 0): median" in out
+    assert "run, process start to all windows published and committed: median" in out
