@@ -41,8 +41,11 @@ typecheck: $(STAMP) ## mypy --strict on the package
 unit: $(STAMP) ## the unit tests only (no services needed)
 	$(BIN)/pytest -q tests/unit
 
-bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in the same run)
+bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in the same run; run needs make kafka-up)
 	$(BIN)/python tests/benchmarks/bench_evaluate.py
+	$(BIN)/python tests/benchmarks/bench_replay.py
+	$(BIN)/python tests/benchmarks/bench_memory.py
+	$(BIN)/python tests/benchmarks/bench_run_kafka.py
 
 kafka-up: $(STAMP) ## start a local single-node Kafka (KRaft) on 127.0.0.1:9092 from Maven Central jars
 	bash deploy/local/kafka/kafka.sh up

@@ -178,7 +178,7 @@ class KafkaEdge:
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
-        log.info("revoked partitions %s", sorted(partitions))
+            log.info("revoked partitions %s", sorted(partitions))
         return {} if self.publisher.transactional else offsets
 
     def drop(self, partitions: set[int]) -> None:
@@ -256,7 +256,8 @@ class KafkaEdge:
             except EventError as error:
                 self.pipeline.invalid(partition, topic, record.offset, error.reason)
                 failure = error
-            if failure is not None:
+            # a re-read record was dead-lettered by the owner that first read it
+            if failure is not None and self.pipeline.is_new(partition, topic, record.offset):
                 self._dead_letter(record, failure)
 
     def _dead_letter(self, record: Any, error: EventError) -> None:
@@ -317,20 +318,24 @@ class KafkaEdge:
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
     def _update_lag(self) -> None:
-        """Lag per topic partition; a partition with a backlog never counts as idle."""
+        """Lag per topic partition; one with a backlog (or not yet known) is never idle."""
         lag: dict[tuple[str, int], int] = {}
+        unknown: set[tuple[str, int]] = set()
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
             position = self.consumer.position(tp) if high is not None else None
-            if high is not None and position is not None:
+            if high is None or position is None:
+                unknown.add((tp.topic, tp.partition))  # no fetch response yet
+            else:
                 lag[tp.topic, tp.partition] = max(0, high - position)
         with self.lock:
             self.state.health.lag = lag
-            for (topic, partition), behind in lag.items():
+            for topic, partition in [*lag, *unknown]:
                 stream = self.pipeline.streams.get(partition)
                 if stream is not None:
                     kind = QUERIES if topic == self.topics[0] else FEEDBACK
-                    stream.watermark.set_backlog(kind, behind > 0)
+                    behind = (topic, partition) in unknown or lag[topic, partition] > 0
+                    stream.watermark.set_backlog(kind, behind)
 
 
 def produce_events(settings: Settings, events: Iterable[Any]) -> int:

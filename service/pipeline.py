@@ -196,6 +196,10 @@ class Pipeline:
             self._evict_feedback(stream)
         return None
 
+    def is_new(self, partition: int, topic: int, offset: int) -> bool:
+        """False for a record that an earlier owner of the partition already handled."""
+        return offset >= self.streams[partition].counted_from[topic]
+
     def invalid(self, partition: int, topic: int, offset: int, reason: str) -> None:
         """Count a record that failed validation (the caller dead-letters it)."""
         stream = self.streams[partition]

@@ -1,0 +1,206 @@
+"""Benchmark: `replay` throughput against a bare read-and-decode loop on the same JSONL file.
+
+The file is simulated once (queries with 20 results, about 1.5 feedback events per
+query, a deploy half-way) into a temporary directory. Each variant runs in its own
+subprocess over that file, interleaved, ``--repeat`` times:
+
+* ``bare``: read the lines and ``orjson.loads`` each (the floor for any Python consumer);
+* ``validate``: ``service.replay.decode_line`` on each line and nothing else (pydantic
+  validation of the tagged union), to show how much of the time validation takes;
+* ``replay``: ``service.replay.replay`` with the default ``PipelineConfig``: validation,
+  the event-time join, watermarks, and the finalisation of every window through the
+  metric core. Its clock is fixed one hour after the last event (the future-timestamp
+  guard passes everything; a replay has no wall-clock idleness).
+
+The figure of merit is replay events/s / bare events/s (target >= 0.2). ``--profile``
+also prints a cProfile of one replay (top functions by own time). Not a test: figures,
+not assertions.
+
+    python tests/benchmarks/bench_replay.py [--events 300000] [--repeat 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+
+QUERIES_PER_HOUR = 3600.0
+ABANDON_RATE = 0.285
+"""Tuned so that the mix is about 1.5 feedback events per query (the default 0.25 gives 1.6)."""
+FEEDBACK_PER_QUERY = 1.5
+TARGET = 0.2
+VARIANTS = ("bare", "validate", "replay")
+
+
+def simulation(n_events: int) -> SimulationConfig:
+    """Enough simulated hours for ``n_events`` (the stream is cut at exactly that many)."""
+    hours = 1.1 * n_events / (QUERIES_PER_HOUR * (1 + FEEDBACK_PER_QUERY)) + 0.5
+    return SimulationConfig(
+        duration_ms=int(hours * HOUR_MS),
+        queries_per_hour=QUERIES_PER_HOUR,
+        abandon_rate=ABANDON_RATE,
+        before=HYBRID_V7,
+        after=HYBRID_V8,
+    )
+
+
+def make_file(path: Path, n_events: int) -> tuple[dict[str, int], int]:
+    """Write the replay file; return the count per topic and the clock to replay with."""
+    config = simulation(n_events)
+    counts = {"queries": 0, "feedback": 0}
+    with open(path, "w", encoding="utf-8") as sink:
+        for event in itertools.islice(generate(config), n_events):
+            counts[event.topic] += 1
+            line = json.dumps({"topic": event.topic, "event": event.event}, separators=(",", ":"))
+            sink.write(line + "\n")
+    return counts, config.end_ms + HOUR_MS
+
+
+def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
+    """Time one variant over the file in this process."""
+    out: dict[str, float] = {}
+    if variant == "bare":
+        import orjson
+
+        start = time.perf_counter()
+        n = 0
+        with open(path, "rb") as lines:
+            for raw in lines:
+                if raw.strip():
+                    orjson.loads(raw)
+                    n += 1
+    elif variant == "validate":
+        from service.replay import decode_line
+
+        start = time.perf_counter()
+        n = 0
+        with open(path, "rb") as lines:
+            for raw in lines:
+                if raw.strip():
+                    decode_line(raw)
+                    n += 1
+    else:
+        from service.pipeline import PipelineConfig
+        from service.replay import replay
+        from service.windows import ClosedWindow
+
+        finalised = [0]
+
+        def on_windows(windows: list[ClosedWindow]) -> None:
+            finalised[0] += sum(w.queries for w in windows)
+
+        start = time.perf_counter()
+        _, report = replay([str(path)], PipelineConfig(), on_windows, now_ms=lambda: now_ms)
+        n = report.lines
+        out.update(invalid=report.invalid, windows=report.windows, finalised=finalised[0])
+    seconds = time.perf_counter() - start
+    return {"seconds": seconds, "events": n, **out}
+
+
+def profile(path: Path, now_ms: int, top: int = 20) -> None:
+    """cProfile one replay and print the functions with the most own time."""
+    import cProfile
+    import pstats
+
+    from service.pipeline import PipelineConfig
+    from service.replay import replay
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    replay([str(path)], PipelineConfig(), lambda _: None, now_ms=lambda: now_ms)
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=sys.stdout)
+    stats.strip_dirs().sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=300_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="also cProfile one replay")
+    parser.add_argument("--variant", choices=(*VARIANTS, "profile"), help=argparse.SUPPRESS)
+    parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--now-ms", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.events < 1 or args.repeat < 1:
+        parser.error("--events and --repeat must be positive")
+    if args.variant == "profile":
+        profile(args.file, args.now_ms)
+        return
+    if args.variant:
+        print(json.dumps(run_variant(args.variant, args.file, args.now_ms)))
+        return
+
+    def child(variant: str) -> list[str]:
+        return [
+            sys.executable,
+            __file__,
+            "--variant",
+            variant,
+            "--file",
+            str(path),
+            "--now-ms",
+            str(now_ms),
+        ]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "events.jsonl"
+        counts, now_ms = make_file(path, args.events)
+        n = sum(counts.values())
+        print(
+            f"data: {n} events ({counts['queries']} queries x 20 results, "
+            f"{counts['feedback']} feedback: {counts['feedback'] / counts['queries']:.2f} "
+            f"per query), {path.stat().st_size / 2**20:.0f} MiB of JSONL"
+        )
+        figures: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+        for _ in range(args.repeat):
+            for variant in VARIANTS:  # interleaved, so drift hits every variant
+                out = subprocess.run(child(variant), capture_output=True, text=True, check=True)
+                figures[variant].append(json.loads(out.stdout))
+        report(figures, n, counts)
+        if args.profile:
+            print("\ncProfile of one replay (own time):")
+            sys.stdout.flush()
+            subprocess.run(child("profile"), check=True)
+
+
+def report(figures: dict[str, list[dict[str, float]]], n: int, counts: dict[str, int]) -> None:
+    """Print the table and the ratio lines."""
+    rates = {}
+    for variant, rows in figures.items():
+        times = [r["seconds"] for r in rows]
+        rates[variant] = n / statistics.median(times)
+        print(
+            f"{variant:<9} median {statistics.median(times):7.3f} s  {rates[variant]:>11,.0f} "
+            f"events/s   (runs: {', '.join(f'{t:.3f}' for t in times)})"
+        )
+    last = figures["replay"][-1]
+    ok = all(r["events"] == n for rows in figures.values() for r in rows)
+    ok = ok and last["invalid"] == 0 and last["finalised"] == counts["queries"]
+    print(
+        f"every variant read {n} events, none invalid, all {counts['queries']} queries "
+        f"finalised in {last['windows']:.0f} windows: {ok}"
+    )
+    print(
+        f"ratio replay / bare events/s: {rates['replay'] / rates['bare']:.3f} (target >= {TARGET})"
+    )
+    print(f"ratio validate-only / bare events/s: {rates['validate'] / rates['bare']:.3f}")
+    print(
+        f"share of replay time in validation: {rates['replay'] / rates['validate']:.0%}, "
+        f"in read + JSON parse alone: {rates['replay'] / rates['bare']:.0%}"
+    )
+
+
+if __name__ == "__main__":
+    main()
