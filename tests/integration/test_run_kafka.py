@@ -73,6 +73,22 @@ def _wait_all_final(service: ServiceProcess, n_queries: int) -> None:
     service.wait_until(done, 120, f"{n_queries} finalised queries")
 
 
+def _run_to_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
+    """Wait until nothing is pending and every window is on the topic; stop cleanly."""
+    try:
+        service.wait_ready()
+        service.wait_until(
+            lambda: (
+                total(service.samples(), "retrieval_pending_queries") == 0
+                and len(_published(topics)[0]) >= n_windows
+            ),
+            120,
+            "every window published",
+        )
+    finally:
+        assert service.stop() == 0, service.tail()
+
+
 def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
     events = _traffic(seed=21)
     expected = _expected(events)
@@ -157,18 +173,7 @@ def test_sigterm_and_restart_mid_stream_is_exact(
 
     produce(topics, events[half:])
     second = ServiceProcess(topics, tmp_path / "second.log", exactly_once=exactly_once, **FAST)
-    try:
-        second.wait_ready()
-        second.wait_until(
-            lambda: (
-                total(second.samples(), "retrieval_pending_queries") == 0
-                and len(_published(topics)[0]) >= len(expected)
-            ),
-            120,
-            "every window published",
-        )
-    finally:
-        assert second.stop() == 0, second.tail()
+    _run_to_the_end(second, topics, len(expected))
 
     published, versions = _published(topics)
     assert set(published) == set(expected)
@@ -241,18 +246,7 @@ def test_kill_9_mid_stream_publishes_each_window_exactly_once(
     produce(topics, events[len(events) // 2 :])
     # the same replica identity: the restart fences the crashed producer's transaction
     second = ServiceProcess(topics, tmp_path / "second.log", **replica)
-    try:
-        second.wait_ready()
-        second.wait_until(
-            lambda: (
-                total(second.samples(), "retrieval_pending_queries") == 0
-                and len(_published(topics)[0]) >= len(expected)
-            ),
-            120,
-            "every window published",
-        )
-    finally:
-        assert second.stop() == 0, second.tail()
+    _run_to_the_end(second, topics, len(expected))
     records = read_all(topics.windows)
     keys = [r.key.decode() for r in records]
     assert sorted(keys) == sorted(expected), "a window was lost or published twice"
