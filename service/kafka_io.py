@@ -25,6 +25,7 @@ import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.errors import KafkaError
 from kafka.structs import OffsetAndMetadata
 
 from service.config import Settings
@@ -89,25 +90,31 @@ class KafkaEdge:
         self.lock = state.lock
         self.topics = (settings.queries_topic, settings.feedback_topic)
         client = settings.kafka_client_config()
-        self.consumer = KafkaConsumer(
-            **client,
-            group_id=settings.group_id,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            partition_assignment_strategy=[RangePartitionAssignor],
-            max_poll_records=settings.max_poll_records,
-            session_timeout_ms=settings.session_timeout,
-            heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
-            client_id="retrieval-monitor",
-        )
-        self.publisher = Publisher(
-            client,
-            settings.windows_topic,
-            settings.deadletter_topic,
-            transactional=settings.exactly_once,
-            transactional_id=settings.transactional_id
-            or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
-        )
+        try:
+            self.consumer = KafkaConsumer(
+                **client,
+                group_id=settings.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                partition_assignment_strategy=[RangePartitionAssignor],
+                max_poll_records=settings.max_poll_records,
+                session_timeout_ms=settings.session_timeout,
+                heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
+                client_id="retrieval-monitor",
+            )
+            self.publisher = Publisher(
+                client,
+                settings.windows_topic,
+                settings.deadletter_topic,
+                transactional=settings.exactly_once,
+                transactional_id=settings.transactional_id
+                or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
+            )
+        except KafkaError as error:
+            raise ConfigError(
+                f"cannot reach Kafka at {settings.kafka_bootstrap_servers} ({error}); check "
+                "--kafka-bootstrap-servers and the --kafka-security-* / --kafka-sasl-* settings"
+            ) from None
         # Lock order: producer lock, then the pipeline lock. The producer lock serialises
         # every use of the (transactional) producer between this thread and callbacks.
         self._producer_lock = threading.Lock()

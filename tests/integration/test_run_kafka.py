@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from kafka.admin import KafkaAdminClient
 
 from service.aggregates import SCALE, merge
 from service.event_log import evaluate_event_log
@@ -252,3 +253,27 @@ def test_kill_9_mid_stream_publishes_each_window_exactly_once(
     assert sorted(keys) == sorted(expected), "a window was lost or published twice"
     published, _ = _published(topics)
     assert published == expected
+
+
+def test_mismatched_partition_counts_refuse_to_start(admin: KafkaAdminClient) -> None:
+    import subprocess
+    import sys
+    import uuid
+
+    from kafka.admin import NewTopic
+
+    suffix = uuid.uuid4().hex[:8]
+    queries, feedback = f"mm-{suffix}.queries", f"mm-{suffix}.feedback"
+    admin.create_topics([NewTopic(queries, 4, 1), NewTopic(feedback, 2, 1)])
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "service", "run", "--queries-topic", queries,
+             "--feedback-topic", feedback, "--http-port", "0"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    finally:
+        admin.delete_topics([queries, feedback])
+    assert result.returncode == 2
+    assert "(4 partitions)" in result.stderr
+    assert "(2 partitions)" in result.stderr
+    assert "same partition count" in result.stderr
