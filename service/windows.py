@@ -129,9 +129,12 @@ class ClosedWindows:
         self.retention_ms = retention_ms
         self._by_key: dict[tuple[str, str, int], SliceTotals] = {}
         self._latest_end_ms: int | None = None
+        self._views: dict[tuple[int, int], dict[SliceKey, SliceTotals]] = {}
+        """Rolling views already merged, until the next add (scrapes are frequent)."""
 
     def add(self, windows: Iterable[ClosedWindow]) -> None:
         """Merge newly published windows in and drop those past the retention."""
+        self._views.clear()
         for w in windows:
             totals = self._by_key.setdefault((w.retriever, w.segment, w.start_ms), SliceTotals())
             totals.add(w.queries, w.labelled, w.metrics)
@@ -143,13 +146,26 @@ class ClosedWindows:
                 del self._by_key[key]
 
     def rolling(self, span_ms: int, until_ms: int) -> dict[SliceKey, SliceTotals]:
-        """Merge the windows ending within ``span_ms`` before ``until_ms``, per slice."""
+        """Merge the windows ending within ``span_ms`` before ``until_ms``, per slice.
+
+        Windows end on multiples of the window length, so for a span that is a multiple
+        of it the view only changes when ``until_ms`` crosses a window end (or a window
+        is added): it is computed once and reused. The result must not be modified.
+        """
+        aligned = span_ms % self.window_ms == 0
+        cache_key = (span_ms, until_ms // self.window_ms if aligned else until_ms)
+        cached = self._views.get(cache_key)
+        if cached is not None:
+            return cached
+        if len(self._views) > 64:
+            self._views.clear()
         out: dict[SliceKey, SliceTotals] = {}
         for (retriever, segment, start), totals in self._by_key.items():
             end = start + self.window_ms
             if until_ms - span_ms < end <= until_ms:
                 view = out.setdefault((retriever, segment), SliceTotals())
                 view.add(totals.queries, totals.labelled, totals.metrics)
+        self._views[cache_key] = out
         return out
 
     def listing(
