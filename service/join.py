@@ -65,8 +65,8 @@ class PendingQuery:
 
 
 WindowKey = tuple[str, str, int]
-Orphan = tuple[int, int, int, int]
-"""Waiting feedback: (timestamp ms, chunk hash, grade, offset)."""
+Orphan = tuple[int, int, int, int, bool]
+"""Waiting feedback: (timestamp ms, chunk hash, grade, offset, still to be counted)."""
 
 
 class PartitionStream:
@@ -80,7 +80,7 @@ class PartitionStream:
         now_ms: Callable[[], int],
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
-        orphans_from: int | None = None,
+        waiting_offsets: frozenset[int] = frozenset(),
     ) -> None:
         self.partition = partition
         self.config = config
@@ -90,9 +90,11 @@ class PartitionStream:
         )
         self.published_through_ms = published_through_ms
         self.counted_from = list(counted_from)
-        # Feedback that was still waiting for its query at the last commit was counted
-        # as an event but not yet classified: its expiry counts from this offset on.
-        self.orphans_from = counted_from[FEEDBACK] if orphans_from is None else orphans_from
+        # records below this were dead-lettered by an earlier owner (a committed transaction)
+        self.dead_letter_from = list(counted_from)
+        # Feedback that was still waiting for its query at the last commit was counted as
+        # an event but not yet classified (matched or unmatched): the commit lists it.
+        self.waiting_offsets = waiting_offsets
         self.next_offset = [-1, -1]
         self.pending: dict[str, PendingQuery] = {}
         self.windows: dict[WindowKey, OpenWindow] = {}
@@ -157,9 +159,9 @@ class PartitionStream:
         waiting = self.orphans.pop(query_id, None)
         if waiting is not None:
             self.n_orphans -= len(waiting)
-            for fb_ts, chunk, grade, fb_offset in waiting:
+            for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
                 applied = self._attach(query, fb_ts, chunk, grade, fb_offset)
-                if not applied and fb_offset >= self.orphans_from:
+                if not applied and unclassified:
                     self.counts.unmatched["outside_window"] += 1
         return True
 
@@ -186,11 +188,12 @@ class PartitionStream:
             if count:  # no query that it could belong to can still be pending
                 self.counts.unmatched["no_query"] += 1
             return
+        unclassified = count or offset in self.waiting_offsets
         waiting = self.orphans.get(query_id)
         if waiting is None:
-            self.orphans[query_id] = [(ts_ms, chunk, grade, offset)]
+            self.orphans[query_id] = [(ts_ms, chunk, grade, offset, unclassified)]
         else:
-            waiting.append((ts_ms, chunk, grade, offset))
+            waiting.append((ts_ms, chunk, grade, offset, unclassified))
         self.n_orphans += 1
 
     def _attach(self, query: PendingQuery, ts_ms: int, chunk: int, grade: int, offset: int) -> bool:
@@ -245,7 +248,7 @@ class PartitionStream:
                 break
             orphans.popitem(last=False)
             self.n_orphans -= len(waiting)
-            counted = sum(1 for item in waiting if item[3] >= self.orphans_from)
+            counted = sum(1 for item in waiting if item[4])
             self.counts.unmatched["no_query"] += counted
         queue = self._recent_queue
         while queue and queue[0][0] < wm:
@@ -280,6 +283,10 @@ class PartitionStream:
     def oldest_orphan_offset(self) -> int:
         """Offset of the oldest feedback waiting for its query (the orphans must not be empty)."""
         return next(iter(self.orphans.values()))[0][3]
+
+    def unclassified_offsets(self) -> list[int]:
+        """Offsets of waiting feedback not yet counted as matched or unmatched, ascending."""
+        return sorted(item[3] for waiting in self.orphans.values() for item in waiting if item[4])
 
     def commit_offsets(self) -> tuple[int, int]:
         """Per topic, the lowest offset still needed to rebuild the unpublished state.

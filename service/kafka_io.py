@@ -96,6 +96,8 @@ class KafkaEdge:
                 group_id=settings.group_id,
                 enable_auto_commit=False,
                 auto_offset_reset="earliest",
+                # also makes offset fetches wait for commits still being written
+                isolation_level="read_committed",
                 partition_assignment_strategy=[RangePartitionAssignor],
                 max_poll_records=settings.max_poll_records,
                 session_timeout_ms=settings.session_timeout,
@@ -152,7 +154,7 @@ class KafkaEdge:
                 meta = [committed.get(tp) for tp in tps]
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
                 self.pipeline.assign(
-                    p, restart.published_through_ms, restart.counted_from, restart.orphans_from
+                    p, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
                 )
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
@@ -174,14 +176,18 @@ class KafkaEdge:
         with self._producer_lock:
             with self.lock:
                 offsets = self._seal(set(self.pipeline.streams))
+            committed = True
             try:
                 self.publisher.commit(offsets, self.consumer.group_metadata, None)
             except Exception as error:  # the next owner re-reads from the older commit
                 log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
                 self.publisher.abort()
-                offsets = {}
+                offsets, committed = {}, self.publisher.transactional is False
             with self.lock:
-                self._confirm()
+                if committed:
+                    self._confirm()
+                else:  # aborted: never visible to read_committed readers, so not counted
+                    self._unconfirmed = []
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
@@ -189,11 +195,19 @@ class KafkaEdge:
         return {} if self.publisher.transactional else offsets
 
     def drop(self, partitions: set[int]) -> None:
-        """Partitions were lost (another member owns them): drop state, commit nothing."""
-        with self.lock:
-            for p in partitions:
-                self.pipeline.revoke(p)
-            self.state.health.assigned = len(self.pipeline.streams)
+        """Partitions were lost (another member owns them): drop state, commit nothing.
+
+        The open transaction may hold their windows: it is aborted, and every partition
+        still assigned is rebuilt from its last commit.
+        """
+        with self._producer_lock:
+            self.publisher.abort()
+            with self.lock:
+                self._unconfirmed = []
+                for p in partitions:
+                    self.pipeline.revoke(p)
+                self.state.health.assigned = len(self.pipeline.streams)
+        self._needs_rebuild = self.publisher.transactional and bool(self.pipeline.streams)
         log.warning("lost partitions %s; their state was dropped", sorted(partitions))
 
     # -- the loop ------------------------------------------------------------------------
@@ -317,12 +331,23 @@ class KafkaEdge:
         """Drop all state and restart every partition from its last committed offsets."""
         with self.lock:
             partitions = sorted(self.pipeline.streams)
+            # this process counted these records already (its counters live on)
+            counted = {
+                p: [max(s.next_offset[t], s.counted_from[t]) for t in (QUERIES, FEEDBACK)]
+                for p, s in self.pipeline.streams.items()
+            }
             for p in partitions:
                 self.pipeline.revoke(p)
             self._unconfirmed = []
         tps = {TopicPartition(t, p) for t in self.topics for p in partitions}
         committed = {tp: self.consumer.committed(tp, metadata=True) for tp in tps}
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
+        with self.lock:
+            for p, marks in counted.items():
+                stream = self.pipeline.streams.get(p)
+                if stream is not None:  # dead letters of the aborted transaction go again
+                    old = stream.counted_from
+                    stream.counted_from = [max(a, b) for a, b in zip(marks, old, strict=True)]
 
     def _update_lag(self) -> None:
         """Lag per topic partition; one with a backlog (or not yet known) is never idle."""

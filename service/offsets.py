@@ -10,6 +10,7 @@ skipped, and re-read records below ``counted_through`` are not counted again.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -19,40 +20,53 @@ from service.watermark import FEEDBACK, NEVER, QUERIES
 METADATA_VERSION = 1
 
 
+MAX_WAITING_LISTED = 256
+"""Waiting feedback listed in a commit (the metadata must stay below Kafka's 4 KB)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Restart:
     """What a partition starts from after an assignment."""
 
     published_through_ms: int = NEVER
     counted_from: tuple[int, int] = (0, 0)
-    orphans_from: int = 0
+    waiting_offsets: frozenset[int] = frozenset()
 
 
-def encode_metadata(published_through_ms: int, counted_through: int, unclassified: int) -> str:
-    """The commit metadata string of one topic partition (compact JSON, < 120 bytes).
+def encode_metadata(
+    published_through_ms: int, counted_through: int, waiting: list[int] | None = None
+) -> str:
+    """The commit metadata string of one topic partition (compact JSON, under 4 KB).
 
-    ``unclassified`` is the offset of the oldest feedback still waiting for its query
-    (counted as an event, not yet as matched or unmatched); ``counted_through`` when none.
+    ``waiting`` lists the offsets of feedback still waiting for its query: counted as
+    events, not yet as matched or unmatched. They are delta-encoded; beyond
+    ``MAX_WAITING_LISTED`` the rest are not listed (then not counted as unmatched after
+    a restart: an undercount, never a double count).
     """
-    data = {
+    data: dict[str, object] = {
         "v": METADATA_VERSION,
         "published_through": published_through_ms,
         "counted": counted_through,
-        "waiting": unclassified,
     }
+    if waiting:
+        listed = waiting[:MAX_WAITING_LISTED]
+        data["waiting"] = [listed[0]] + [b - a for a, b in itertools.pairwise(listed)]
     return json.dumps(data, separators=(",", ":"))
 
 
-def decode_metadata(text: str | None) -> tuple[int, int, int]:
-    """(published_through_ms, counted_through, unclassified) of a commit; defaults if absent."""
+def decode_metadata(text: str | None) -> tuple[int, int, frozenset[int]]:
+    """(published_through_ms, counted_through, waiting offsets) of a commit."""
     if not text:
-        return NEVER, 0, 0
+        return NEVER, 0, frozenset()
     try:
         data = json.loads(text)
-        counted = int(data["counted"])
-        return int(data["published_through"]), counted, int(data.get("waiting", counted))
+        offsets, total = [], 0
+        for delta in data.get("waiting", []):
+            total += int(delta)
+            offsets.append(total)
+        return int(data["published_through"]), int(data["counted"]), frozenset(offsets)
     except (ValueError, KeyError, TypeError, AttributeError):
-        return NEVER, 0, 0  # written by something else: start conservatively
+        return NEVER, 0, frozenset()  # written by something else: start conservatively
 
 
 def restart_from(queries_metadata: str | None, feedback_metadata: str | None) -> Restart:
@@ -74,9 +88,6 @@ def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
         if offset < 0:
             continue
         counted = max(stream.next_offset[topic], stream.counted_from[topic])
-        waiting = counted
-        if topic == FEEDBACK and stream.orphans:
-            # orphans below the current marker were classified in an earlier life
-            waiting = min(counted, max(stream.orphans_from, stream.oldest_orphan_offset()))
+        waiting = stream.unclassified_offsets() if topic == FEEDBACK else None
         plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted, waiting))
     return plan

@@ -110,7 +110,7 @@ class Pipeline:
         partition: int,
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
-        orphans_from: int | None = None,
+        waiting_offsets: frozenset[int] = frozenset(),
     ) -> PartitionStream:
         """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
         stream = PartitionStream(
@@ -120,7 +120,7 @@ class Pipeline:
             self.now_ms,
             published_through_ms=published_through_ms,
             counted_from=counted_from,
-            orphans_from=orphans_from,
+            waiting_offsets=waiting_offsets,
         )
         self.streams[partition] = stream
         return stream
@@ -132,6 +132,12 @@ class Pipeline:
     # -- records -------------------------------------------------------------------------
 
     def _guard(self, ts_ms: int, now_ms: int) -> EventError | None:
+        if ts_ms < 0:
+            return EventError(
+                "timestamp_before_epoch",
+                "timestamp is before 1970-01-01T00:00:00Z; send RFC 3339 with an offset "
+                "or Unix epoch seconds",
+            )
         ahead = ts_ms - now_ms
         if ahead > self.config.max_future_skew_ms:
             return EventError(
@@ -198,7 +204,7 @@ class Pipeline:
 
     def is_new(self, partition: int, topic: int, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""
-        return offset >= self.streams[partition].counted_from[topic]
+        return offset >= self.streams[partition].dead_letter_from[topic]
 
     def invalid(self, partition: int, topic: int, offset: int, reason: str) -> None:
         """Count a record that failed validation (the caller dead-letters it)."""

@@ -26,6 +26,9 @@ from service.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.publisher")
 
+MAX_DEAD_LETTER_BYTES = 512 * 1024
+"""Larger bad records are cut (header ``truncated_from``) to stay below the broker limit."""
+
 
 class Publisher:
     """The producer side of the service."""
@@ -74,9 +77,15 @@ class Publisher:
             ("source_partition", str(record.partition).encode()),
             ("source_offset", str(record.offset).encode()),
         ]
-        self.producer.send(
-            self.deadletter_topic, value=record.value, key=record.key, headers=headers
-        )
+        value = record.value
+        if value is not None and len(value) > MAX_DEAD_LETTER_BYTES:
+            headers.append(("truncated_from", str(len(value)).encode()))
+            value = value[:MAX_DEAD_LETTER_BYTES]
+        # a record needs a key or a value: a keyless tombstone gets its source as key
+        key = record.key
+        if key is None and value is None:
+            key = f"{record.topic}[{record.partition}]@{record.offset}".encode()
+        self.producer.send(self.deadletter_topic, value=value, key=key, headers=headers)
 
     def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[str, ...]) -> int:
         """Send closed windows (durable only after :meth:`commit`); return how many."""

@@ -148,7 +148,7 @@ def run(
                 p,
                 restart.published_through_ms if marker else NEVER,
                 restart.counted_from if counted else (0, 0),
-                restart.orphans_from if counted else None,
+                restart.waiting_offsets if counted else frozenset(),
             )
             published_through[p] = restart.published_through_ms
             for t in (QUERIES, FEEDBACK):
@@ -354,7 +354,7 @@ def run_small(records: Sequence[Record], cut: int | None = None) -> SmallRun:
             restart = restart_from(plan[QUERIES][1], plan[FEEDBACK][1])
             pipeline = Pipeline(SMALL, now_ms=lambda: NOW)
             pipeline.assign(
-                0, restart.published_through_ms, restart.counted_from, restart.orphans_from
+                0, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
             )
             for old in records[:i]:
                 if old.offset >= starts[old.topic]:
@@ -404,3 +404,28 @@ def test_orphan_feedback_waiting_at_a_commit_is_counted_once_after_a_restart() -
     assert restarted.committed[0][1] == 0  # the orphan (offset 0) was still waiting: re-read
     assert restarted.last_per_key() == clean.last_per_key()
     assert restarted.unmatched == Counter({"no_query": 1})
+
+
+def _many_ghosts() -> list[Record]:
+    """Three orphans, then enough traffic that windows are published before a cut."""
+    out = [Record(FEEDBACK, 0, i, fb_event(f"ghost{i}", T0)) for i in range(3)]
+    for i in range(45):
+        ts = T0 + i * MIN
+        out.append(Record(QUERIES, 0, i, q_event(f"q{i}", ts)))
+        out.append(Record(FEEDBACK, 0, i + 3, fb_event(f"q{i}", ts + 1_000)))
+    return out
+
+
+@pytest.mark.parametrize("cut", [29, 65])
+def test_re_read_feedback_of_published_windows_is_not_counted_unmatched(cut: int) -> None:
+    """Only the feedback that was waiting at the commit counts after a restart.
+
+    The re-read also brings back feedback whose queries were in windows published
+    before the commit (their queries lie below the committed query offset): it must not
+    be counted as unmatched a second time.
+    """
+    clean = run_small(_many_ghosts())
+    restarted = run_small(_many_ghosts(), cut=cut)
+    assert clean.unmatched == Counter({"no_query": 3})
+    assert restarted.unmatched == clean.unmatched
+    assert restarted.last_per_key() == clean.last_per_key()
