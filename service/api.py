@@ -7,7 +7,6 @@ processing loop. Bad query parameters get a 422 with a message, never a 500.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
@@ -18,7 +17,7 @@ from pydantic import BaseModel
 from service import __version__
 from service.aggregates import Moments
 from service.config import parse_duration_ms
-from service.events import to_epoch_ms
+from service.events import parse_aware_ms
 from service.exporter import span_label
 from service.state import ServiceState
 from service.windows import SliceTotals, rfc3339
@@ -101,19 +100,16 @@ def _span(window: str) -> int:
 def _since(since: str | None) -> int | None:
     if since is None or since == "":
         return None
-    try:
-        if since.replace(".", "", 1).isdigit():
-            return round(float(since) * 1000)
-        moment = datetime.fromisoformat(since)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+    if since.replace(".", "", 1).isdigit():
+        return round(float(since) * 1000)
+    since_ms = parse_aware_ms(since)
+    if since_ms is None:
         raise HTTPException(
             status_code=422,
             detail="since must be RFC 3339 with a UTC offset (2026-12-02T08:00:00Z) "
             "or Unix epoch seconds",
         )
-    return to_epoch_ms(moment)
+    return since_ms
 
 
 def get_state(request: Request) -> ServiceState:

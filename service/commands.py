@@ -6,7 +6,6 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import orjson
 from service.config import add_settings_flags, parse_duration_ms, settings_from_args
 from service.demo import DemoOptions, run_demo
 from service.errors import ConfigError
-from service.events import to_epoch_ms
+from service.events import parse_aware_ms
 from service.ir_metrics import metric_keys
 from service.kafka_io import produce_events
 from service.pipeline import PipelineConfig
@@ -49,15 +48,12 @@ def _start_ms(text: str) -> int:
             return now - parse_duration_ms(text[4:])
         except ValueError as error:
             raise argparse.ArgumentTypeError(str(error)) from None
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        moment = None
-    if moment is None or moment.tzinfo is None:
+    start_ms = parse_aware_ms(text)
+    if start_ms is None:
         raise argparse.ArgumentTypeError(
             f"expected now, now-6h or RFC 3339 with an offset, got {text!r}"
         )
-    return to_epoch_ms(moment)
+    return start_ms
 
 
 def add_streaming_commands(commands: Any) -> None:

@@ -47,6 +47,15 @@ def to_epoch_ms(moment: datetime) -> int:
     return (moment - EPOCH) // _MS
 
 
+def parse_aware_ms(text: str) -> int | None:
+    """Epoch milliseconds of an RFC 3339 time with a UTC offset; None for anything else."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return None if moment.tzinfo is None else to_epoch_ms(moment)
+
+
 class ScoredResult(BaseModel):
     """A result given as an object; the score is informational, the rank is the position."""
 

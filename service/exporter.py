@@ -55,9 +55,6 @@ class SourceHealth:
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     last_poll_ms: int | None = None
     assigned: int = 0
-    polls: int = 0
-    commits: int = 0
-    published_records: int = 0
     deadletters: int = 0
 
 

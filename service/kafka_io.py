@@ -175,7 +175,8 @@ class KafkaEdge:
         """
         with self._producer_lock:
             with self.lock:
-                offsets = self._seal(set(self.pipeline.streams))
+                self._send(self.pipeline.advance())
+                offsets = self._offsets(set(self.pipeline.streams))
             committed = True
             try:
                 self.publisher.commit(offsets, self.consumer.group_metadata, None)
@@ -223,14 +224,13 @@ class KafkaEdge:
             with self._producer_lock:
                 with self.lock:
                     self.state.health.last_poll_ms = now
-                    self.state.health.polls += 1
                     for tp, records in batch.items():
                         self._process(tp, records)
                     self._send(self.pipeline.advance())
                     # Closed windows ride in the open transaction until the next commit:
                     # committing per poll would cost a transaction per batch in catch-up.
                     due = now - self._last_commit_ms >= settings.commit_interval
-                    offsets = self._seal(set(self.pipeline.streams)) if due else None
+                    offsets = self._offsets(set(self.pipeline.streams)) if due else None
                 if offsets is not None and self.publisher.transactional:
                     self._commit(offsets)
             if offsets is not None and not self.publisher.transactional:
@@ -251,7 +251,7 @@ class KafkaEdge:
         with self._producer_lock:
             with self.lock:
                 self._send(self.pipeline.advance())
-                offsets = self._seal(set(self.pipeline.streams))
+                offsets = self._offsets(set(self.pipeline.streams))
             if self.publisher.transactional:
                 self._commit(offsets)
         if not self.publisher.transactional:
@@ -294,9 +294,8 @@ class KafkaEdge:
             self.pipeline.mark_published(windows)
             self._unconfirmed.extend(windows)
 
-    def _seal(self, partitions: Iterable[int]) -> dict[Any, OffsetAndMetadata]:
-        """Send what closed and return the offsets to commit (under both locks)."""
-        self._send(self.pipeline.advance())
+    def _offsets(self, partitions: Iterable[int]) -> dict[Any, OffsetAndMetadata]:
+        """The offsets and markers to commit, after closed windows were sent (both locks)."""
         out = {}
         for p in partitions:
             stream = self.pipeline.streams.get(p)
@@ -309,8 +308,6 @@ class KafkaEdge:
     def _confirm(self) -> None:
         """The sent windows are durable: count them (under the pipeline lock)."""
         self.pipeline.confirm_published(self._unconfirmed)
-        self.state.health.published_records += len(self._unconfirmed)
-        self.state.health.commits += 1
         self._unconfirmed = []
 
     def _commit(self, offsets: dict[Any, OffsetAndMetadata]) -> None:

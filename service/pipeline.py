@@ -29,6 +29,8 @@ from service.watermark import FEEDBACK, NEVER, QUERIES
 from service.windows import ClosedWindow, ClosedWindows
 
 OTHER = "other"
+_KINDS = (QUERIES_KIND, FEEDBACK_KIND)
+"""Counter keys indexed by the watermark's QUERIES and FEEDBACK."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,18 +150,26 @@ class Pipeline:
             )
         return None
 
+    def _admit(
+        self, stream: PartitionStream, topic: int, offset: int, ts_ms: int
+    ) -> tuple[bool, EventError | None]:
+        """Note a record (counted unless re-read) and apply the timestamp guard."""
+        now_ms = self.now_ms()
+        count = stream.seen(topic, offset, now_ms)
+        kind = _KINDS[topic]
+        if count:
+            self.counts.events[kind] += 1
+        error = self._guard(ts_ms, now_ms)
+        if error is not None and count:
+            self.counts.invalid[kind, error.reason] += 1
+        return count, error
+
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
         """Take a valid query event; return an error when the guard rejects it."""
         stream = self.streams[partition]
-        now_ms = self.now_ms()
-        count = stream.seen(QUERIES, offset, now_ms)
-        if count:
-            self.counts.events[QUERIES_KIND] += 1
         ts_ms = event.timestamp_ms
-        error = self._guard(ts_ms, now_ms)
+        count, error = self._admit(stream, QUERIES, offset, ts_ms)
         if error is not None:
-            if count:
-                self.counts.invalid[QUERIES_KIND, error.reason] += 1
             return error
         hashes = chunk_hashes(event.results)
         if count and len(set(hashes)) != len(hashes):
@@ -186,15 +196,9 @@ class Pipeline:
     def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
         """Take a valid feedback event; return an error when the guard rejects it."""
         stream = self.streams[partition]
-        now_ms = self.now_ms()
-        count = stream.seen(FEEDBACK, offset, now_ms)
-        if count:
-            self.counts.events[FEEDBACK_KIND] += 1
         ts_ms = event.timestamp_ms
-        error = self._guard(ts_ms, now_ms)
+        count, error = self._admit(stream, FEEDBACK, offset, ts_ms)
         if error is not None:
-            if count:
-                self.counts.invalid[FEEDBACK_KIND, error.reason] += 1
             return error
         grade = self.config.labels.grade(event)
         stream.add_feedback(offset, count, event.query_id, ts_ms, hash(event.chunk_id), grade)
@@ -210,7 +214,7 @@ class Pipeline:
         """Count a record that failed validation (the caller dead-letters it)."""
         stream = self.streams[partition]
         if stream.seen(topic, offset, self.now_ms()):
-            kind = QUERIES_KIND if topic == QUERIES else FEEDBACK_KIND
+            kind = _KINDS[topic]
             self.counts.events[kind] += 1
             self.counts.invalid[kind, reason] += 1
 

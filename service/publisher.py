@@ -87,9 +87,8 @@ class Publisher:
             key = f"{record.topic}[{record.partition}]@{record.offset}".encode()
         self.producer.send(self.deadletter_topic, value=value, key=key, headers=headers)
 
-    def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[str, ...]) -> int:
-        """Send closed windows (durable only after :meth:`commit`); return how many."""
-        n = 0
+    def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[str, ...]) -> None:
+        """Send closed windows (durable only after :meth:`commit`)."""
         for window in windows:
             self._begin()
             self.producer.send(
@@ -97,8 +96,6 @@ class Publisher:
                 key=window.key.encode(),
                 value=orjson.dumps(window.to_record(metric_keys)),
             )
-            n += 1
-        return n
 
     def commit(
         self,

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from service.aggregates import MetricAggregates, Moments, merge
-from service.events import to_epoch_ms
+from service.events import parse_aware_ms
 
 SliceKey = tuple[str, str]
 """(retriever, segment)."""
@@ -98,7 +98,10 @@ class ClosedWindow:
 
 
 def _parse_ms(text: str) -> int:
-    return to_epoch_ms(datetime.fromisoformat(text))
+    ms = parse_aware_ms(text)
+    if ms is None:
+        raise ValueError(f"expected RFC 3339 with an offset, got {text!r}")
+    return ms
 
 
 @dataclass(slots=True)
