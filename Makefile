@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-golden test check lint typecheck unit bench clean kafka-up kafka-down
+.PHONY: help venv demo demo-golden test check lint typecheck unit bench clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -26,7 +26,7 @@ demo-golden: $(STAMP) ## evaluate and compare the example golden set shipped in 
 	@echo
 	$(BIN)/retrieval-monitor compare --qrels examples/golden/qrels.jsonl examples/golden/run_hybrid_v7.jsonl examples/golden/run_dense_v8.jsonl
 
-test: $(STAMP) lint typecheck ## the whole test suite: lint, types, unit and integration tests against a real Kafka
+test: $(STAMP) lint typecheck monitoring-tools ## the whole test suite: lint, types, unit and integration tests against a real Kafka, Prometheus and Alertmanager
 	@started=0; bash deploy/local/kafka/kafka.sh reachable || { $(MAKE) --no-print-directory kafka-up && started=1; } || exit 1; \
 	$(BIN)/pytest -q; rc=$$?; \
 	if [ $$started = 1 ]; then $(MAKE) --no-print-directory kafka-down; fi; exit $$rc
@@ -46,6 +46,19 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_replay.py
 	$(BIN)/python tests/benchmarks/bench_memory.py
 	$(BIN)/python tests/benchmarks/bench_run_kafka.py
+	$(BIN)/python tests/benchmarks/bench_detector.py
+
+monitoring-tools: ## install Prometheus, promtool and Alertmanager from Debian's packages if missing (needs root)
+	bash deploy/local/monitoring.sh install
+
+monitoring-check: monitoring-tools ## promtool check config/rules, promtool rule unit tests, amtool check-config
+	bash deploy/local/monitoring.sh check
+
+monitoring-up: monitoring-tools ## run Prometheus (:9090) and Alertmanager (:9093) locally with the repo's configs
+	bash deploy/local/monitoring.sh up
+
+monitoring-down: ## stop them
+	bash deploy/local/monitoring.sh down
 
 kafka-up: $(STAMP) ## start a local single-node Kafka (KRaft) on 127.0.0.1:9092 from Maven Central jars
 	bash deploy/local/kafka/kafka.sh up

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from service import __version__
 from service.aggregates import Moments
-from service.config import parse_duration_ms
+from service.api_common import State, span_ms
+from service.api_regressions import router as regressions_router
 from service.events import parse_aware_ms
-from service.exporter import span_label
 from service.state import ServiceState
 from service.windows import SliceTotals, rfc3339
-
-MAX_SPAN_MS = 366 * 86_400_000
+from service.windows import duration_label as span_label
 
 
 class MetricValue(BaseModel):
@@ -87,16 +86,6 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
     )
 
 
-def _span(window: str) -> int:
-    try:
-        span = parse_duration_ms(window)
-    except ValueError as error:
-        raise HTTPException(status_code=422, detail=f"window: {error}") from None
-    if not 0 < span <= MAX_SPAN_MS:
-        raise HTTPException(status_code=422, detail="window must be between 1s and 366d")
-    return span
-
-
 def _since(since: str | None) -> int | None:
     if since is None or since == "":
         return None
@@ -110,15 +99,6 @@ def _since(since: str | None) -> int | None:
             "or Unix epoch seconds",
         )
     return since_ms
-
-
-def get_state(request: Request) -> ServiceState:
-    """The service state of the app that received the request."""
-    service: ServiceState = request.app.state.service
-    return service
-
-
-State = Annotated[ServiceState, Depends(get_state)]
 
 
 def create_app(state: ServiceState) -> FastAPI:
@@ -162,7 +142,7 @@ def create_app(state: ServiceState) -> FastAPI:
         service: State, window: Annotated[str, Query(max_length=20)] = "1h"
     ) -> RollingResponse:
         """Current rolling metrics per retriever and segment, with n and a 95% interval."""
-        span = _span(window)
+        span = span_ms(window)
         pipeline = service.pipeline
         with service.lock:
             wm = pipeline.watermark_ms
@@ -197,4 +177,5 @@ def create_app(state: ServiceState) -> FastAPI:
             ]
         return WindowsResponse(windows=out)
 
+    app.include_router(regressions_router)
     return app

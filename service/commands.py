@@ -6,6 +6,7 @@ import argparse
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ def add_streaming_commands(commands: Any) -> None:
         "--windows-out", help="write closed windows as JSON lines here ('-': stdout)"
     )
     replay.add_argument(
-        "--regressions-out", help="write detected regressions as JSON lines (none until detection)"
+        "--regressions-out", help="write each regression opened as a JSON line ('-': stdout)"
     )
     add_settings_flags(replay)
 
@@ -106,6 +107,12 @@ def add_streaming_commands(commands: Any) -> None:
     sim.add_argument("--queries-per-hour", type=_float, default=3600.0)
     sim.add_argument("--deploy-at", type=_duration_hours, default=None, help="switch to v8 then")
     sim.add_argument("--quality-drop", type=_float, default=0.0, help="find-rate drop at deploy")
+    sim.add_argument(
+        "--rank-decay",
+        type=_float,
+        default=HYBRID_V8.rank_decay,
+        help=f"rank decay of the deployed version ({HYBRID_V8.rank_decay}; higher ranks lower)",
+    )
     sim.add_argument("--seed", type=int, default=7)
     add_settings_flags(sim)
 
@@ -152,12 +159,17 @@ def _replay(args: argparse.Namespace) -> int:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
     if args.regressions_out:
-        Path(args.regressions_out).write_text("")
+        lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in pipeline.detector.opened)
+        if args.regressions_out == "-":
+            sys.stdout.buffer.write(lines)
+        else:
+            Path(args.regressions_out).write_bytes(lines)
     c = pipeline.counts
     print(
         f"replayed {report.lines} lines: {report.invalid} invalid, {report.windows} windows, "
         f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
-        f"{sum(c.unmatched.values())} unmatched feedback",
+        f"{sum(c.unmatched.values())} unmatched feedback, "
+        f"{len(pipeline.detector.opened)} regressions opened",
         file=sys.stderr,
     )
     return 0
@@ -174,7 +186,7 @@ def _simulate(args: argparse.Namespace) -> int:
         duration_ms=duration,
         queries_per_hour=args.queries_per_hour,
         before=HYBRID_V7,
-        after=HYBRID_V8 if deploy is not None else None,
+        after=replace(HYBRID_V8, rank_decay=args.rank_decay) if deploy is not None else None,
         switch_at_ms=deploy,
         quality_drop=args.quality_drop,
     )

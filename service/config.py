@@ -14,11 +14,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError
+from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import ConfigError
-from service.ir_metrics import validate_ks
+from service.ir_metrics import metric_keys, validate_ks
 
 ENV_PREFIX = "RETRIEVAL_MONITOR_"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -80,6 +80,13 @@ def _durations(value: object) -> tuple[int, ...]:
     return spans
 
 
+def _names(value: object) -> tuple[str, ...]:
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        raise ValueError(f"expected metric keys such as recall@5,mrr, got {value!r}")
+    return tuple(str(item).strip() for item in items if str(item).strip())
+
+
 Duration = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
 PositiveDuration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 
@@ -117,6 +124,19 @@ class Settings(BaseSettings):
     max_pending_queries: int = Field(1_000_000, ge=1)
     max_pending_feedback: int = Field(1_000_000, ge=1)
     max_label_values: int = Field(50, ge=1)
+    context_size: int = Field(5, ge=1)
+    """How many results reach the model; the detector watches recall and hit rate at it."""
+    regression_metrics: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = ()
+    """Metric keys the detector watches; empty: recall@C, hit_rate@C, mrr, ndcg@10 (C =
+    context_size), keeping those whose cutoff is in ``ks``."""
+    regression_candidate: PositiveDuration = "1h"  # type: ignore[assignment]
+    regression_baseline: PositiveDuration = "24h"  # type: ignore[assignment]
+    regression_deploy_watch: PositiveDuration = "24h"  # type: ignore[assignment]
+    regression_min_labelled: int = Field(200, ge=2)
+    regression_min_effect: float = Field(0.02, ge=0.0, lt=1.0)
+    regression_alpha: float = Field(0.005, gt=0.0, lt=1.0)
+    regression_drift_alpha: float = Field(0.001, gt=0.0, lt=1.0)
+    regression_close_after: PositiveDuration = "1h"  # type: ignore[assignment]
     session_timeout: PositiveDuration = "45s"  # type: ignore[assignment]
     """A crashed replica's partitions move to the others after this long."""
     exactly_once: bool = True
@@ -135,6 +155,32 @@ class Settings(BaseSettings):
     kafka_ssl_cafile: Path | None = None
     kafka_ssl_certfile: Path | None = None
     kafka_ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_regression(self) -> Settings:
+        known = set(metric_keys(self.ks))
+        unknown = [m for m in self.regression_metrics if m not in known]
+        if unknown:
+            raise ValueError(
+                f"regression_metrics {unknown} are not computed; with ks={list(self.ks)} "
+                f"choose from {sorted(known)}"
+            )
+        for name in ("regression_candidate", "regression_baseline", "regression_deploy_watch"):
+            if getattr(self, name) % self.window:
+                raise ValueError(f"{name} must be a multiple of window ({self.window} ms)")
+        if self.regression_close_after % self.window:
+            raise ValueError("regression_close_after must be a multiple of window")
+        return self
+
+    @property
+    def watched_metrics(self) -> tuple[str, ...]:
+        """The detector's metric keys (the setting, or the default set)."""
+        if self.regression_metrics:
+            return self.regression_metrics
+        c = self.context_size
+        wanted = (f"recall@{c}", f"hit_rate@{c}", "mrr", "ndcg@10")
+        known = set(metric_keys(self.ks))
+        return tuple(m for m in wanted if m in known)
 
     def kafka_client_config(self) -> dict[str, Any]:
         """Connection and security settings in kafka-python's names (secrets unwrapped here)."""

@@ -21,12 +21,12 @@ from rich.table import Table
 from service.aggregates import merge
 from service.api import create_app
 from service.events import FeedbackEvent, QueryEvent
-from service.exporter import span_label
 from service.pipeline import Pipeline, PipelineConfig
 from service.server import serve_http, stop_on_signals, wall_ms
 from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
 from service.state import ServiceState
 from service.windows import SliceTotals, rfc3339
+from service.windows import duration_label as span_label
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +88,16 @@ def _summary(pipeline: Pipeline, spans_ms: tuple[int, ...]) -> Table:
         f"windows {c.windows_published}  late {sum(c.late.values())}  "
         f"unmatched {sum(c.unmatched.values())}"
     )
+    regressions = sorted(pipeline.detector.open.values(), key=lambda r: r.opened_ms)
+    for r in regressions:
+        o = r.opening
+        table.caption += (
+            f"\n[bold red]REGRESSION[/] {o.retriever}/{o.segment} {o.metric} vs {o.baseline}: "
+            f"{o.baseline_mean:.3f} -> {o.candidate_mean:.3f} ({o.delta:+.3f}, "
+            f"p={o.p_value:.1e}), opened {rfc3339(r.opened_ms)}"
+        )
+    if not regressions:
+        table.caption += "\nno open regressions"
     return table
 
 
@@ -151,6 +161,7 @@ def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig)
         f"  metrics: http://{host}:{bound}/metrics\n"
         f"  rolling: http://{host}:{bound}/api/v1/rolling?window=1h\n"
         f"  windows: http://{host}:{bound}/api/v1/windows\n"
+        f"  regressions: http://{host}:{bound}/api/v1/regressions\n"
         "Ctrl-C stops."
     )
     stop = threading.Event()

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 from service.aggregates import SCALE
 from service.counters import FEEDBACK, QUERIES
 from service.pipeline import Pipeline
+from service.windows import duration_label
 
 SUMMARY_FAMILIES = {
     "hit_rate": ("retrieval_hit", "1 if a relevant chunk is in the top k (success@k)"),
@@ -37,15 +38,6 @@ ROLLING_FAMILIES = {
     "precision": "retrieval_rolling_precision",
     "ndcg": "retrieval_rolling_ndcg",
 }
-
-
-def span_label(span_ms: int) -> str:
-    """``15m``, ``1h``, ``24h``: the ``window`` label of a rolling view."""
-    if span_ms % 3_600_000 == 0:
-        return f"{span_ms // 3_600_000}h"
-    if span_ms % 60_000 == 0:
-        return f"{span_ms // 60_000}m"
-    return f"{span_ms // 1000}s"
 
 
 @dataclass(slots=True)
@@ -78,7 +70,7 @@ class PipelineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
-            metrics += list(self._health())
+            metrics += list(self._health()) + list(self._regressions())
         yield from metrics
         if self.extra is not None:
             yield from self.extra()
@@ -207,7 +199,7 @@ class PipelineCollector(Collector):
         )
         if wm is not None:
             for span in self.pipeline.config.rolling_ms:
-                name = span_label(span)
+                name = duration_label(span)
                 for (retriever, segment), totals in sorted(
                     self.pipeline.closed.rolling(span, wm).items()
                 ):
@@ -268,6 +260,30 @@ class PipelineCollector(Collector):
         )
         dead.add_metric([], self.health.deadletters)
         yield dead
+
+    def _regressions(self) -> Iterator[Metric]:
+        labels = ["retriever", "segment", "metric", "baseline"]
+        flag = GaugeMetricFamily(
+            "retrieval_regression",
+            "1 while a significant regression is open, else 0 (slices tested at the last step).",
+            labels=labels,
+        )
+        delta = GaugeMetricFamily(
+            "retrieval_regression_delta",
+            "Candidate mean minus baseline mean of the latest test (negative: worse).",
+            labels=labels,
+        )
+        p_value = GaugeMetricFamily(
+            "retrieval_regression_p_value",
+            "One-sided Welch p-value of the latest test, Holm-adjusted over its family.",
+            labels=labels,
+        )
+        for key, is_open, comparison in self.pipeline.detector.snapshot():
+            values = list(key)
+            flag.add_metric(values, 1.0 if is_open else 0.0)
+            delta.add_metric(values, comparison.delta)
+            p_value.add_metric(values, comparison.p_value)
+        yield from (flag, delta, p_value)
 
 
 def _by_topic(name: str, doc: str, counts: Mapping[str, int], topics: Mapping[str, str]) -> Metric:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from service.config import Settings
 from service.counters import FEEDBACK as FEEDBACK_KIND
 from service.counters import QUERIES as QUERIES_KIND
 from service.counters import Counts
+from service.detector import Detector, DetectorConfig
 from service.errors import EventError
 from service.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.ir_metrics import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
@@ -45,6 +46,7 @@ class PipelineConfig:
     max_label_values: int = 50
     rolling_ms: tuple[int, ...] = (15 * 60_000, 3_600_000, 86_400_000)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
+    detector: DetectorConfig = field(default_factory=DetectorConfig)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PipelineConfig:
@@ -63,6 +65,19 @@ class PipelineConfig:
             max_pending_feedback=settings.max_pending_feedback,
             max_label_values=settings.max_label_values,
             rolling_ms=settings.rolling_windows,
+            detector=DetectorConfig(
+                metrics=settings.watched_metrics,
+                window_ms=settings.window,
+                attribution_ms=settings.attribution_window,
+                candidate_ms=settings.regression_candidate,
+                baseline_ms=settings.regression_baseline,
+                deploy_watch_ms=settings.regression_deploy_watch,
+                min_labelled=settings.regression_min_labelled,
+                min_effect=settings.regression_min_effect,
+                alpha=settings.regression_alpha,
+                drift_alpha=settings.regression_drift_alpha,
+                close_after_ms=settings.regression_close_after,
+            ),
         )
 
 
@@ -104,6 +119,16 @@ class Pipeline:
         self.closed = ClosedWindows(config.join.window_ms, max(config.rolling_ms))
         self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
         self._segment = LabelCap("segment", config.max_label_values, self.counts)
+        detector = replace(
+            config.detector,
+            window_ms=config.join.window_ms,
+            attribution_ms=config.join.attribution_ms,
+            metrics=tuple(m for m in config.detector.metrics if m in self.metric_keys)
+            or config.detector.metrics,
+        )
+        self.detector = Detector(detector)
+        self._closed_through_ms: int | None = None
+        """Every window ending at or before this has closed (as of the last advance)."""
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -242,6 +267,11 @@ class Pipeline:
             stream.watermark.update()
             stream.expire()
             closing.extend((stream, key) for key in stream.closable())
+        wm = self.watermark_ms
+        if wm is not None:
+            join = self.config.join
+            limit = wm - join.attribution_ms
+            self._closed_through_ms = limit - limit % join.window_ms
         return self._finalise(closing)
 
     def finish(self) -> list[ClosedWindow]:
@@ -313,6 +343,9 @@ class Pipeline:
             self.counts.add_published(w.retriever, w.segment, w.metrics)
             self.counts.windows_published += 1
         self.closed.add(windows)
+        self.detector.add(windows)
+        if self._closed_through_ms is not None:
+            self.detector.advance(self._closed_through_ms)
 
     def published(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows are durably published (replay, demo): both steps at once."""

@@ -159,3 +159,46 @@ def holm_adjust(p_values: Sequence[float]) -> list[float]:
         running = max(running, min(1.0, (m - position) * p_values[i]))
         adjusted[i] = running
     return adjusted
+
+
+@dataclass(frozen=True, slots=True)
+class WelchResult:
+    """Welch's unequal-variance t-test of candidate mean - baseline mean."""
+
+    delta: float
+    """Candidate mean minus baseline mean (negative: the candidate is worse)."""
+    se: float
+    df: float
+    p_lower: float
+    """One-sided p-value of H1 "the candidate mean is lower"."""
+    p_two_sided: float
+    ci_low: float
+    """95% two-sided interval of the delta (Welch-Satterthwaite degrees of freedom)."""
+    ci_high: float
+
+
+def welch_test(
+    baseline: tuple[float, float, int],
+    candidate: tuple[float, float, int],
+) -> WelchResult:
+    """Welch's t-test on (mean, variance, n) of two independent samples, n >= 2 each.
+
+    With zero variance on both sides the difference is exact: p is 0 for any drop and
+    1 otherwise.
+    """
+    (mean_b, var_b, n_b), (mean_c, var_c, n_c) = baseline, candidate
+    if n_b < 2 or n_c < 2:
+        raise ValueError("Welch's test needs at least 2 values on each side")
+    delta = mean_c - mean_b
+    a, b = var_b / n_b, var_c / n_c
+    se = math.sqrt(a + b)
+    if se == 0.0:
+        p = 0.0 if delta < 0 else 1.0
+        two = 0.0 if delta != 0 else 1.0
+        return WelchResult(delta, 0.0, float(n_b + n_c - 2), p, two, delta, delta)
+    df = (a + b) ** 2 / (a * a / (n_b - 1) + b * b / (n_c - 1))
+    t = delta / se
+    p_lower = t_sf(-t, df)
+    half = t_quantile(0.975, df) * se
+    two_sided = min(1.0, 2.0 * t_sf(abs(t), df))
+    return WelchResult(delta, se, df, p_lower, two_sided, delta - half, delta + half)

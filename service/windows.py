@@ -25,6 +25,15 @@ def window_start(ts_ms: int, size_ms: int) -> int:
     return ts_ms - ts_ms % size_ms
 
 
+def duration_label(span_ms: int) -> str:
+    """``15m``, ``1h``, ``24h``: a span as a label value (the ``window`` of a rolling view)."""
+    if span_ms % 3_600_000 == 0:
+        return f"{span_ms // 3_600_000}h"
+    if span_ms % 60_000 == 0:
+        return f"{span_ms // 60_000}m"
+    return f"{span_ms // 1000}s"
+
+
 def rfc3339(ms: int) -> str:
     """``2026-12-02T08:00:00Z`` (milliseconds shown only when not zero)."""
     moment = datetime.fromtimestamp(ms / 1000, tz=UTC)

@@ -14,6 +14,7 @@ import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
 from tests.integration.kafka_helpers import BOOTSTRAP, ServiceProcess, Topics
+from tests.integration.monitoring_helpers import Daemon
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +32,8 @@ def admin() -> Iterator[KafkaAdminClient]:
     client.close()
 
 
-@pytest.fixture
-def topics(admin: KafkaAdminClient) -> Iterator[Topics]:
+def create_topics(admin: KafkaAdminClient) -> Topics:
+    """Fresh input, windows and dead-letter topics (4 input partitions) and a group name."""
     suffix = uuid.uuid4().hex[:8]
     names = Topics(
         queries=f"it-{suffix}.queries",
@@ -49,17 +50,29 @@ def topics(admin: KafkaAdminClient) -> Iterator[Topics]:
             NewTopic(names.deadletter, num_partitions=1, replication_factor=1),
         ]
     )
-    yield names
+    return names
+
+
+def delete_topics(admin: KafkaAdminClient, names: Topics) -> None:
     if not os.environ.get("RETRIEVAL_MONITOR_KEEP_TOPICS"):
         admin.delete_topics([names.queries, names.feedback, names.windows, names.deadletter])
 
 
+@pytest.fixture
+def topics(admin: KafkaAdminClient) -> Iterator[Topics]:
+    names = create_topics(admin)
+    yield names
+    delete_topics(admin, names)
+
+
 @pytest.fixture(autouse=True)
 def _stop_leftover_services() -> Iterator[None]:
-    """A test that fails half way must not leave a service process running."""
+    """A test that fails half way must not leave a service (or Prometheus) running."""
     yield
     while ServiceProcess.started:
         service = ServiceProcess.started.pop()
         if service.process.poll() is None:
             service.process.kill()
             service.process.wait(timeout=30)
+    while Daemon.started:
+        Daemon.started.pop().stop()

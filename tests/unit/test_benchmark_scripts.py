@@ -28,3 +28,16 @@ def test_bench_evaluate_runs_and_all_variants_agree() -> None:
     ).stdout
     assert "mean ndcg@10 equal in all variants (1e-9): True" in out
     assert out.count("ratio pytrec_eval time / our time") == 2
+
+
+def test_bench_detector_runs_and_detects_the_drops() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_detector.py"), "--runs", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    detector = next(line for line in out.splitlines() if line.startswith("| detector"))
+    assert "(2/2)" in detector, out  # both 5-point drops found
+    assert "static rule tuned on the no-change runs" in out

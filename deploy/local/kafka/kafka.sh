@@ -11,7 +11,7 @@
 # Environment (all optional):
 #   KAFKA_STATE_DIR        state dir, default <repo>/.kafka (jars, data, logs, pid file)
 #   KAFKA_PORT             client listener, default 9092
-#   KAFKA_CONTROLLER_PORT  KRaft controller listener, default 9093
+#   KAFKA_CONTROLLER_PORT  KRaft controller listener, default 9094 (9093 is Alertmanager's)
 #   KAFKA_VERSION          org.apache.kafka:kafka_2.13 version, default 4.4.0
 #                          (if unset and 4.4.0 does not resolve, 4.3.1 is used)
 #   KAFKA_START_TIMEOUT    seconds `up` waits for the broker to answer, default 120
@@ -34,6 +34,8 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=deploy/local/process.sh
+. "$HERE/../process.sh"
 REPO="$(cd "$HERE/../../.." && pwd)"
 
 DEFAULT_KAFKA_VERSION=4.4.0
@@ -48,7 +50,7 @@ case "$STATE_DIR" in
     *) STATE_DIR="$PWD/$STATE_DIR" ;; # the JVM runs elsewhere: make it absolute
 esac
 PORT="${KAFKA_PORT:-9092}"
-CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9094}"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-120}"
 STOP_TIMEOUT="${KAFKA_STOP_TIMEOUT:-30}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms512m -Xmx1g}"
@@ -369,18 +371,7 @@ wait_ready() {
 # SIGTERM (Kafka shuts down cleanly: closes logs, leaves the quorum), then SIGKILL
 # after STOP_TIMEOUT seconds. Only the given pid, which broker_pid() vouched for.
 stop_pid() {
-    local pid="$1" waited=0
-    kill -TERM "$pid" 2>/dev/null || true
-    while kill -0 "$pid" 2>/dev/null; do
-        if ((waited >= STOP_TIMEOUT * 10)); then
-            warn "broker (pid $pid) still running ${STOP_TIMEOUT}s after SIGTERM: sending SIGKILL"
-            kill -KILL "$pid" 2>/dev/null || true
-            sleep 0.5
-            break
-        fi
-        sleep 0.1
-        waited=$((waited + 1))
-    done
+    terminate_pid broker "$1" "$STOP_TIMEOUT"
     rm -f "$PIDFILE" "$RUNFILE"
 }
 

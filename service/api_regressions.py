@@ -1,0 +1,166 @@
+"""HTTP routes of the detector: ``/api/v1/compare`` and ``/api/v1/regressions``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel
+
+from service.aggregates import MetricAggregates, merge
+from service.api_common import State, span_ms
+from service.detector import Comparison, Regression, compare_metrics
+from service.windows import SliceTotals, duration_label, rfc3339
+
+router = APIRouter()
+
+
+class Side(BaseModel):
+    """One side of a comparison: labelled queries and the mean (None without data)."""
+
+    n: int
+    mean: float | None
+
+
+class MetricComparison(BaseModel):
+    """Welch's test of one metric, candidate minus baseline."""
+
+    metric: str
+    baseline: Side
+    candidate: Side
+    delta: float | None
+    ci_low: float | None
+    """95% interval of the delta."""
+    ci_high: float | None
+    p_value: float | None
+    """Two-sided, Holm-adjusted over the metrics of this comparison."""
+    verdict: str
+    """``regression``, ``improvement``, ``no_significant_difference`` or ``insufficient_data``."""
+
+
+class CompareResponse(BaseModel):
+    """``GET /api/v1/compare``."""
+
+    baseline: str
+    candidate: str
+    segment: str | None
+    window: str
+    watermark: str | None
+    min_labelled: int
+    min_effect: float
+    metrics: list[MetricComparison]
+
+
+class RegressionView(BaseModel):
+    """An open regression: how it opened and the latest test."""
+
+    retriever: str
+    segment: str
+    metric: str
+    baseline: str
+    kind: str
+    """``deploy`` (against the previous version) or ``drift`` (the same version before)."""
+    opened_at: str
+    evidence_end: str
+    baseline_mean: float
+    candidate_mean: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    """One-sided, Holm-adjusted (latest test)."""
+    n_baseline: int
+    n_candidate: int
+
+
+class RegressionsResponse(BaseModel):
+    """``GET /api/v1/regressions``."""
+
+    evaluated_through: str | None
+    regressions: list[RegressionView]
+
+
+def _merged(
+    views: dict[tuple[str, str], SliceTotals], retriever: str, segment: str | None
+) -> MetricAggregates:
+    return merge(
+        totals.metrics
+        for (r, s), totals in views.items()
+        if r == retriever and (segment is None or s == segment)
+    )
+
+
+def _regression(regression: Regression) -> RegressionView:
+    latest: Comparison = regression.latest
+    return RegressionView(
+        retriever=latest.retriever,
+        segment=latest.segment,
+        metric=latest.metric,
+        baseline=latest.baseline,
+        kind=latest.kind,
+        opened_at=rfc3339(regression.opened_ms),
+        evidence_end=rfc3339(regression.evidence_end_ms),
+        baseline_mean=latest.baseline_mean,
+        candidate_mean=latest.candidate_mean,
+        delta=latest.delta,
+        ci_low=latest.ci_low,
+        ci_high=latest.ci_high,
+        p_value=latest.p_value,
+        n_baseline=latest.n_baseline,
+        n_candidate=latest.n_candidate,
+    )
+
+
+@router.get("/api/v1/compare")
+def compare(
+    service: State,
+    baseline: Annotated[str, Query(min_length=1, max_length=100)],
+    candidate: Annotated[str, Query(min_length=1, max_length=100)],
+    window: Annotated[str, Query(max_length=20)] = "24h",
+    segment: Annotated[str | None, Query(max_length=100)] = None,
+) -> CompareResponse:
+    """Per metric: both means, the delta with its 95% interval, the p-value and a verdict.
+
+    Both versions are read from the closed windows that end within ``window`` of the
+    watermark (all segments merged unless ``segment`` is given).
+    """
+    span = span_ms(window)
+    pipeline = service.pipeline
+    retention = pipeline.closed.retention_ms
+    if span > retention:
+        raise HTTPException(
+            status_code=422,
+            detail=f"window must be at most {duration_label(retention)} (the longest "
+            "rolling window kept); raise ROLLING_WINDOWS to compare over longer spans",
+        )
+    detector = pipeline.detector.config
+    with service.lock:
+        wm = pipeline.watermark_ms
+        views = {} if wm is None else pipeline.closed.rolling(span, wm)
+        base = _merged(views, baseline, segment or None)
+        cand = _merged(views, candidate, segment or None)
+    rows = compare_metrics(
+        base, cand, min_labelled=detector.min_labelled, min_effect=detector.min_effect
+    )
+    return CompareResponse(
+        baseline=baseline,
+        candidate=candidate,
+        segment=segment or None,
+        window=duration_label(span),
+        watermark=None if wm is None else rfc3339(wm),
+        min_labelled=detector.min_labelled,
+        min_effect=detector.min_effect,
+        metrics=[MetricComparison.model_validate(row) for row in rows],
+    )
+
+
+@router.get("/api/v1/regressions")
+def regressions(service: State) -> RegressionsResponse:
+    """The open regressions, oldest first."""
+    with service.lock:
+        detector = service.pipeline.detector
+        through = detector.through_ms
+        rows = [_regression(r) for r in sorted(detector.open.values(), key=lambda r: r.opened_ms)]
+    return RegressionsResponse(
+        evaluated_through=None if through is None else rfc3339(through), regressions=rows
+    )

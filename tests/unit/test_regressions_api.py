@@ -1,0 +1,166 @@
+"""Regressions end to end without a network: replay, /metrics, the API, the JSONL output."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.api import create_app
+from service.cli import main
+from service.detector import Detector
+from service.event_log import evaluate_event_log
+from service.events import FeedbackEvent, QueryEvent
+from service.pipeline import Pipeline, PipelineConfig
+from service.replay import replay
+from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
+from service.state import ServiceState
+
+START = 1_796_083_200_000
+DEPLOY = START + 3 * HOUR_MS
+NOW = START + 10 * 24 * HOUR_MS
+KEY = ("hybrid-v8", "default", "mrr", "hybrid-v7")
+
+
+def simulation(bad: bool) -> SimulationConfig:
+    return SimulationConfig(
+        seed=5,
+        start_ms=START,
+        duration_ms=5 * HOUR_MS,
+        queries_per_hour=1500,
+        segments=(("default", 1.0),),
+        before=HYBRID_V7,
+        after=replace(HYBRID_V8, rank_decay=0.75) if bad else HYBRID_V8,
+        switch_at_ms=DEPLOY,
+        quality_drop=0.15 if bad else 0.0,
+    )
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("regressions")
+    out = {}
+    for name in ("bad", "good"):
+        out[name] = folder / f"{name}.jsonl"
+        write_jsonl(generate(simulation(name == "bad")), out[name])
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad(files: dict[str, Path]) -> Pipeline:
+    pipeline, _ = replay([str(files["bad"])], PipelineConfig(), lambda _: None, now_ms=lambda: NOW)
+    return pipeline
+
+
+def _client(pipeline: Pipeline) -> TestClient:
+    return TestClient(create_app(ServiceState(pipeline, lambda: NOW, needs_assignment=False)))
+
+
+def test_replay_writes_the_regressions_it_opened(files: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "regressions.jsonl"
+    assert main(["replay", str(files["bad"]), "--regressions-out", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines, "the bad deploy was not detected"
+    first = lines[0]
+    assert {"retriever", "segment", "metric", "baseline", "delta", "p_value", "opened_at"} <= set(
+        first
+    )
+    assert (first["retriever"], first["baseline"], first["kind"]) == (
+        "hybrid-v8",
+        "hybrid-v7",
+        "deploy",
+    )
+    assert first["delta"] < -0.02
+    assert first["p_value"] < 0.01
+    assert first["delta"] == pytest.approx(first["candidate_mean"] - first["baseline_mean"])
+    # labels mature for 30 minutes first: never before deploy + attribution window
+    assert first["opened_at"] >= "2026-12-01T03:35:00Z"
+    assert first["opened_at"] <= "2026-12-01T05:00:00Z"
+
+    quiet = tmp_path / "quiet.jsonl"
+    assert main(["replay", str(files["good"]), "--regressions-out", str(quiet)]) == 0
+    assert quiet.read_text() == ""
+
+
+def test_streaming_detection_equals_detection_on_the_offline_windows(
+    files: dict[str, Path], bad: Pipeline
+) -> None:
+    queries, feedback = [], []
+    for line in files["bad"].read_text().splitlines():
+        record = json.loads(line)
+        if record["topic"] == "queries":
+            queries.append(QueryEvent.model_validate(record["event"]))
+        else:
+            feedback.append(FeedbackEvent.model_validate(record["event"]))
+    windows = list(evaluate_event_log(queries, feedback).values())
+    offline = Detector(bad.detector.config)
+    offline.add(windows)
+    offline.advance(max(w.end_ms for w in windows))
+    assert [r.to_record() for r in offline.opened] == [r.to_record() for r in bad.detector.opened]
+
+
+def test_metrics_expose_the_open_regression(bad: Pipeline) -> None:
+    text = _client(bad).get("/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples[s.name, tuple(sorted(s.labels.items()))] = s.value
+    labels = tuple(sorted(zip(("retriever", "segment", "metric", "baseline"), KEY, strict=True)))
+    assert samples["retrieval_regression", labels] == 1.0
+    assert samples["retrieval_regression_delta", labels] < -0.02
+    assert 0 <= samples["retrieval_regression_p_value", labels] < 0.01
+    drift = [
+        v
+        for (name, ls), v in samples.items()
+        if name == "retrieval_regression" and ("baseline", "previous_24h") in ls
+    ]
+    assert drift
+    assert set(drift) == {0.0}  # tested, and quiet
+    first_seen = samples[
+        "retrieval_retriever_first_seen_timestamp_seconds", (("retriever", "hybrid-v8"),)
+    ]
+    assert DEPLOY / 1000 <= first_seen < DEPLOY / 1000 + 60
+
+
+def test_regressions_endpoint_lists_what_is_open(bad: Pipeline) -> None:
+    body = _client(bad).get("/api/v1/regressions").json()
+    keys = {(r["retriever"], r["segment"], r["metric"], r["baseline"]) for r in body["regressions"]}
+    assert KEY in keys
+    assert keys == set(bad.detector.open)
+    row = next(r for r in body["regressions"] if r["metric"] == "mrr")
+    assert row["kind"] == "deploy"
+    assert row["n_candidate"] >= 200
+    assert row["ci_high"] < 0
+
+
+def test_compare_endpoint(bad: Pipeline) -> None:
+    client = _client(bad)
+    body = client.get("/api/v1/compare?baseline=hybrid-v7&candidate=hybrid-v8&window=24h").json()
+    by_metric = {m["metric"]: m for m in body["metrics"]}
+    assert by_metric["mrr"]["verdict"] == "regression"
+    assert by_metric["mrr"]["delta"] == pytest.approx(
+        by_metric["mrr"]["candidate"]["mean"] - by_metric["mrr"]["baseline"]["mean"]
+    )
+    same = client.get("/api/v1/compare?baseline=hybrid-v7&candidate=hybrid-v7").json()
+    assert {m["verdict"] for m in same["metrics"]} == {"no_significant_difference"}
+    absent = client.get("/api/v1/compare?baseline=hybrid-v7&candidate=nope").json()
+    assert {m["verdict"] for m in absent["metrics"]} == {"insufficient_data"}
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "/api/v1/compare?candidate=hybrid-v8",
+        "/api/v1/compare?baseline=hybrid-v7",
+        "/api/v1/compare?baseline=a&candidate=b&window=abc",
+        "/api/v1/compare?baseline=a&candidate=b&window=48h",
+        "/api/v1/compare?baseline=&candidate=b",
+    ],
+)
+def test_compare_rejects_bad_parameters(bad: Pipeline, query: str) -> None:
+    response = _client(bad).get(query)
+    assert response.status_code == 422, response.text
