@@ -139,6 +139,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    if args.windows_out == "-" and args.regressions_out == "-":
+        raise ConfigError("--windows-out and --regressions-out cannot both be '-' (stdout)")
     settings = settings_from_args(args)
     config = PipelineConfig.from_settings(settings)
     out = None

@@ -165,11 +165,6 @@ class Settings(BaseSettings):
                 f"regression_metrics {unknown} are not computed; with ks={list(self.ks)} "
                 f"choose from {sorted(known)}"
             )
-        for name in ("regression_candidate", "regression_baseline", "regression_deploy_watch"):
-            if getattr(self, name) % self.window:
-                raise ValueError(f"{name} must be a multiple of window ({self.window} ms)")
-        if self.regression_close_after % self.window:
-            raise ValueError("regression_close_after must be a multiple of window")
         return self
 
     @property

@@ -88,15 +88,17 @@ def _summary(pipeline: Pipeline, spans_ms: tuple[int, ...]) -> Table:
         f"windows {c.windows_published}  late {sum(c.late.values())}  "
         f"unmatched {sum(c.unmatched.values())}"
     )
-    regressions = sorted(pipeline.detector.open.values(), key=lambda r: r.opened_ms)
-    for r in regressions:
+    by_slice: dict[tuple[str, str, str], list[str]] = {}
+    for r in sorted(pipeline.detector.open.values(), key=lambda r: r.opened_ms):
         o = r.opening
-        table.caption += (
-            f"\n[bold red]REGRESSION[/] {o.retriever}/{o.segment} {o.metric} vs {o.baseline}: "
-            f"{o.baseline_mean:.3f} -> {o.candidate_mean:.3f} ({o.delta:+.3f}, "
-            f"p={o.p_value:.1e}), opened {rfc3339(r.opened_ms)}"
+        by_slice.setdefault((o.retriever, o.segment, o.baseline), []).append(
+            f"{o.metric} {o.delta:+.3f}"
         )
-    if not regressions:
+    for (retriever, segment, baseline), drops in by_slice.items():
+        table.caption += (
+            f"\n[bold red]regression[/] {retriever}/{segment} vs {baseline}: {', '.join(drops)}"
+        )
+    if not by_slice:
         table.caption += "\nno open regressions"
     return table
 

@@ -31,12 +31,14 @@ it closes once that has been false (or untestable) for ``close_after_ms`` of eve
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from service.aggregates import Moments
-from service.stats import holm_adjust, welch_test
+from service.slice_history import SliceHistory
+from service.stats import WelchResult, holm_adjust, welch_test
 from service.windows import ClosedWindow, SliceKey, duration_label, rfc3339
 
 HOUR_MS = 3_600_000
@@ -108,8 +110,8 @@ class Comparison:
     n_baseline: int
     n_candidate: int
     delta: float
-    ci_low: float
-    ci_high: float
+    se: float
+    df: float
     p_value: float
     """One-sided Welch p-value, Holm-adjusted over the boundary's family."""
     p_raw: float
@@ -119,6 +121,11 @@ class Comparison:
     @property
     def key(self) -> RegressionKey:
         return (self.retriever, self.segment, self.metric, self.baseline)
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """95% interval of the delta (computed when asked: the quantile is the costly part)."""
+        return WelchResult(self.delta, self.se, self.df, self.p_raw, 1.0).ci
 
 
 @dataclass(slots=True)
@@ -145,59 +152,14 @@ class Regression:
             "baseline_mean": c.baseline_mean,
             "candidate_mean": c.candidate_mean,
             "delta": c.delta,
-            "ci_low": c.ci_low,
-            "ci_high": c.ci_high,
+            "ci_low": c.ci[0],
+            "ci_high": c.ci[1],
             "p_value": c.p_value,
             "n_baseline": c.n_baseline,
             "n_candidate": c.n_candidate,
             "opened_at": rfc3339(self.opened_ms),
             "evidence_end": rfc3339(self.evidence_end_ms),
         }
-
-
-class _Series:
-    """One slice's windows as exact prefix sums of (count, sum_fx, sum_sq_fx) per metric."""
-
-    def __init__(self, first_start_ms: int, width: int) -> None:
-        self.first_start_ms = first_start_ms
-        self.width = width
-        self.starts: list[int] = []
-        self.values: dict[int, list[int]] = {}
-        self.prefix: list[list[int]] = [[0] * width]
-
-    def add(self, start_ms: int, flat: list[int]) -> None:
-        current = self.values.get(start_ms)
-        if current is not None:
-            self.values[start_ms] = [a + b for a, b in zip(current, flat, strict=True)]
-            self._rebuild(bisect.bisect_left(self.starts, start_ms))
-            return
-        self.values[start_ms] = flat
-        if not self.starts or start_ms > self.starts[-1]:
-            self.starts.append(start_ms)
-            self.prefix.append([a + b for a, b in zip(self.prefix[-1], flat, strict=True)])
-            return
-        index = bisect.bisect_left(self.starts, start_ms)
-        self.starts.insert(index, start_ms)
-        self.prefix.append([])
-        self._rebuild(index)
-
-    def _rebuild(self, index: int) -> None:
-        for i in range(index, len(self.starts)):
-            row = self.values[self.starts[i]]
-            self.prefix[i + 1] = [a + b for a, b in zip(self.prefix[i], row, strict=True)]
-
-    def total(self, lo_ms: int, hi_ms: int) -> list[int]:
-        """Sums over the windows starting in ``[lo_ms, hi_ms)``."""
-        i = bisect.bisect_left(self.starts, lo_ms)
-        j = bisect.bisect_left(self.starts, hi_ms)
-        return [b - a for a, b in zip(self.prefix[i], self.prefix[j], strict=True)]
-
-    def drop_before(self, start_ms: int) -> None:
-        i = bisect.bisect_left(self.starts, start_ms)
-        for start in self.starts[:i]:
-            del self.values[start]
-        del self.starts[:i]
-        del self.prefix[:i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,53 +181,66 @@ class Detector:
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     open: dict[RegressionKey, Regression] = field(default_factory=dict)
-    opened: list[Regression] = field(default_factory=list)
-    """Every regression ever opened, in order (``replay --regressions-out``)."""
+    opened: deque[Regression] = field(default_factory=deque)
+    """Regressions opened, in order: all of them (replay), or the last ``keep_opened``."""
+    keep_opened: int | None = 10_000
     latest: dict[RegressionKey, Comparison] = field(default_factory=dict)
     """The comparisons of the last evaluated boundary."""
     through_ms: int | None = None
     """The last evaluated boundary."""
-    _series: dict[SliceKey, _Series] = field(default_factory=dict)
+    _series: dict[SliceKey, SliceHistory] = field(default_factory=dict)
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.opened = deque(maxlen=self.keep_opened)
+
     def add(self, windows: Iterable[ClosedWindow]) -> None:
-        """Merge closed windows (any partition, any order) into the history."""
+        """Merge closed windows (any partition, any order; a repeat replaces its copy)."""
         metrics = self.config.metrics
         width = 3 * len(metrics)
         empty = Moments()
         for w in windows:
-            flat: list[int] = []
+            row: list[int] = []
             for name in metrics:
                 m = w.metrics.get(name, empty)
-                flat += (m.count, m.sum_fx, m.sum_sq_fx)
+                row += (m.count, m.sum_fx, m.sum_sq_fx)
             key = (w.retriever, w.segment)
             series = self._series.get(key)
             if series is None:
-                series = self._series[key] = _Series(w.start_ms, width)
-            series.first_start_ms = min(series.first_start_ms, w.start_ms)
-            series.add(w.start_ms, flat)
+                series = self._series[key] = SliceHistory(width)
+            series.add(w.start_ms, w.partition, row)
 
     def advance(self, closed_through_ms: int) -> list[Regression]:
         """Evaluate every boundary up to ``closed_through_ms``; return the regressions opened."""
         step = self.config.window_ms
         last = closed_through_ms - closed_through_ms % step
-        if not self._series:
+        firsts = [s.first_start_ms for s in self._series.values() if s.first_start_ms is not None]
+        if not firsts:
             return []
-        first = min(s.first_start_ms for s in self._series.values()) + step
-        start = first if self.through_ms is None else max(first, self.through_ms + step)
-        # a jump longer than any span: the boundaries before it would see no new data
-        horizon = self.config.baseline_ms + self.config.candidate_ms + self.config.close_after_ms
-        start = max(start, last - horizon)
-        before = len(self.opened)
-        for boundary in range(start, last + 1, step):
-            self._evaluate(boundary)
+        boundary = min(firsts) + step
+        if self.through_ms is not None:
+            boundary = max(boundary, self.through_ms + step)
+        reach = max(self.config.candidate_ms + self.config.baseline_ms, self.config.deploy_watch_ms)
+        starts = sorted({start for s in self._series.values() for start in s.starts})
+        opened: list[Regression] = []
+        while boundary <= last:
+            # nothing within reach and nothing open: jump to the next window (a gap in time)
+            i = bisect.bisect_left(starts, boundary - reach)
+            if not self.open and (i == len(starts) or starts[i] >= boundary):
+                if i == len(starts):
+                    break
+                boundary = starts[i] + step
+                continue
+            opened += self._evaluate(boundary)
             self.through_ms = boundary
+            boundary += step
+        self.through_ms = max(self.through_ms or last, last)
         self._forget(last)
-        return self.opened[before:]
+        return opened
 
     # -- one boundary ---------------------------------------------------------------------
 
-    def _evaluate(self, boundary: int) -> None:
+    def _evaluate(self, boundary: int) -> list[Regression]:
         cfg = self.config
         planned: list[tuple[SliceKey, str, str, str, Moments, Moments]] = []
         for key, series in self._series.items():
@@ -285,6 +260,7 @@ class Detector:
                         planned.append((key, metric, kind, label, base, cand))
         results = self._test(planned)
         self.latest = {c.key: c for c in results}
+        opened: list[Regression] = []
         for c in results:
             current = self.open.get(c.key)
             if c.regressed:
@@ -298,6 +274,7 @@ class Detector:
                     )
                     self.open[c.key] = regression
                     self.opened.append(regression)
+                    opened.append(regression)
                 else:
                     current.latest = c
                     current.last_true_ms = boundary
@@ -307,6 +284,7 @@ class Detector:
             if boundary - regression.last_true_ms >= cfg.close_after_ms:
                 regression.closed_ms = boundary + cfg.attribution_ms
                 del self.open[open_key]
+        return opened
 
     def _test(
         self, planned: list[tuple[SliceKey, str, str, str, Moments, Moments]]
@@ -342,8 +320,8 @@ class Detector:
                     n_baseline=base.count,
                     n_candidate=cand.count,
                     delta=r.delta,
-                    ci_low=r.ci_low,
-                    ci_high=r.ci_high,
+                    se=r.se,
+                    df=r.df,
                     p_value=p,
                     p_raw=r.p_lower,
                     regressed=p < (cfg.alpha if kind == DEPLOY else cfg.drift_alpha)
@@ -354,12 +332,12 @@ class Detector:
 
     # -- deploys and retention ------------------------------------------------------------
 
-    def _deploy(self, key: SliceKey, series: _Series, boundary: int) -> Deploy | None:
+    def _deploy(self, key: SliceKey, series: SliceHistory, boundary: int) -> Deploy | None:
         """The deploy of this slice's version, decided once its first window is closed."""
         if key in self._deploys:
             return self._deploys[key]
         at = series.first_start_ms
-        if at + self.config.window_ms > boundary:
+        if at is None or at + self.config.window_ms > boundary:
             return None  # not decided yet
         deploy = self._find_previous(key, at)
         self._deploys[key] = deploy
@@ -372,8 +350,9 @@ class Detector:
         for (retriever, segment), other in self._series.items():
             if segment != key[1] or retriever == key[0]:
                 continue
-            if history_from is None or other.first_start_ms < history_from:
-                history_from = other.first_start_ms
+            first = other.first_start_ms
+            if first is not None and (history_from is None or first < history_from):
+                history_from = first
             recent = other.total(at - cfg.candidate_ms, at)
             labelled = max(recent[0::3], default=0)
             if labelled and (best is None or (labelled, retriever) > best):
@@ -386,12 +365,13 @@ class Detector:
 
     def _forget(self, boundary: int) -> None:
         cfg = self.config
-        keep_from = boundary - cfg.candidate_ms - cfg.baseline_ms - cfg.window_ms
+        reach = max(cfg.candidate_ms + cfg.baseline_ms, cfg.deploy_watch_ms)
+        keep_from = boundary - reach - cfg.window_ms
         for key, series in list(self._series.items()):
             series.drop_before(keep_from)
             deploy = self._deploys.get(key)
             watched = deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms
-            if not series.starts and not watched:
+            if not series and not watched:
                 del self._series[key]
                 self._deploys.pop(key, None)
 
@@ -442,7 +422,7 @@ def compare_metrics(
                 (b.mean or 0.0, b.variance or 0.0, b.count),
                 (c.mean or 0.0, c.variance or 0.0, c.count),
             )
-            row.update(delta=r.delta, ci_low=r.ci_low, ci_high=r.ci_high)
+            row.update(delta=r.delta, ci_low=r.ci[0], ci_high=r.ci[1])
             tested.append(len(rows))
             p_values.append(r.p_two_sided)
         rows.append(row)

@@ -278,7 +278,9 @@ class PipelineCollector(Collector):
             "One-sided Welch p-value of the latest test, Holm-adjusted over its family.",
             labels=labels,
         )
-        for key, is_open, comparison in self.pipeline.detector.snapshot():
+        # a replica without partitions says nothing: another one owns the traffic now
+        rows = self.pipeline.detector.snapshot() if self.pipeline.streams else []
+        for key, is_open, comparison in rows:
             values = list(key)
             flag.add_metric(values, 1.0 if is_open else 0.0)
             delta.add_metric(values, comparison.delta)

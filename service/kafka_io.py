@@ -35,6 +35,7 @@ from service.offsets import commit_plan, restart_from
 from service.publisher import Publisher
 from service.state import ServiceState
 from service.watermark import FEEDBACK, QUERIES
+from service.window_history import read_window_history
 from service.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.kafka")
@@ -121,6 +122,8 @@ class KafkaEdge:
         # every use of the (transactional) producer between this thread and callbacks.
         self._producer_lock = threading.Lock()
         self._unconfirmed: list[ClosedWindow] = []
+        self._history: dict[int, list[ClosedWindow]] = {}
+        """Windows read back at start, by partition, until the partition is assigned."""
         self._needs_rebuild = False
         self._last_commit_ms = 0
         self._last_lag_ms = 0
@@ -128,7 +131,7 @@ class KafkaEdge:
     # -- start ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Check the topics and join the group."""
+        """Check the topics, read back recent windows, and join the group."""
         counts = [self.consumer.partitions_for_topic(t) for t in self.topics]
         n = check_copartitioned(
             len(counts[0]) if counts[0] else None,
@@ -136,6 +139,11 @@ class KafkaEdge:
             self.settings,
         )
         log.info("topics %s and %s have %d partitions each", *self.topics, n)
+        self._history = read_window_history(
+            self.settings.kafka_client_config(),
+            self.settings.windows_topic,
+            self.state.wall_ms() - self.pipeline.history_ms,
+        )
         self.consumer.subscribe(list(self.topics), listener=_Listener(self))
 
     # -- rebalance callbacks (IO thread) -------------------------------------------------
@@ -155,6 +163,11 @@ class KafkaEdge:
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
                 self.pipeline.assign(
                     p, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
+                )
+                # what earlier owners published and committed (later windows come again)
+                history = self._history.pop(p, [])
+                self.pipeline.restore(
+                    w for w in history if w.end_ms <= restart.published_through_ms
                 )
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state

@@ -69,16 +69,21 @@ class PipelineConfig:
                 metrics=settings.watched_metrics,
                 window_ms=settings.window,
                 attribution_ms=settings.attribution_window,
-                candidate_ms=settings.regression_candidate,
-                baseline_ms=settings.regression_baseline,
-                deploy_watch_ms=settings.regression_deploy_watch,
+                candidate_ms=_whole_windows(settings.regression_candidate, settings.window),
+                baseline_ms=_whole_windows(settings.regression_baseline, settings.window),
+                deploy_watch_ms=_whole_windows(settings.regression_deploy_watch, settings.window),
                 min_labelled=settings.regression_min_labelled,
                 min_effect=settings.regression_min_effect,
                 alpha=settings.regression_alpha,
                 drift_alpha=settings.regression_drift_alpha,
-                close_after_ms=settings.regression_close_after,
+                close_after_ms=_whole_windows(settings.regression_close_after, settings.window),
             ),
         )
+
+
+def _whole_windows(span_ms: int, window_ms: int) -> int:
+    """A span rounded up to whole windows (the detector compares whole windows)."""
+    return -(-span_ms // window_ms) * window_ms
 
 
 class LabelCap:
@@ -109,7 +114,11 @@ class Pipeline:
     """All partitions assigned to this process, their counters and closed windows."""
 
     def __init__(
-        self, config: PipelineConfig, now_ms: Callable[[], int], counts: Counts | None = None
+        self,
+        config: PipelineConfig,
+        now_ms: Callable[[], int],
+        counts: Counts | None = None,
+        keep_opened: int | None = 10_000,
     ) -> None:
         self.config = config
         self.now_ms = now_ms
@@ -123,12 +132,14 @@ class Pipeline:
             config.detector,
             window_ms=config.join.window_ms,
             attribution_ms=config.join.attribution_ms,
-            metrics=tuple(m for m in config.detector.metrics if m in self.metric_keys)
-            or config.detector.metrics,
+            metrics=tuple(m for m in config.detector.metrics if m in self.metric_keys) or ("mrr",),
         )
-        self.detector = Detector(detector)
+        self.detector = Detector(detector, keep_opened=keep_opened)
         self._closed_through_ms: int | None = None
         """Every window ending at or before this has closed (as of the last advance)."""
+        self._confirmed: dict[str, int] = {}
+        """Keys of the windows confirmed lately, with their end (to ignore a re-publish)."""
+        self._confirmed_check = 100_000
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -150,11 +161,13 @@ class Pipeline:
             waiting_offsets=waiting_offsets,
         )
         self.streams[partition] = stream
+        self._closed_through_ms = None
         return stream
 
     def revoke(self, partition: int) -> None:
         """Drop a partition's state (after its closed windows were published and committed)."""
         self.streams.pop(partition, None)
+        self._closed_through_ms = None
 
     # -- records -------------------------------------------------------------------------
 
@@ -267,7 +280,10 @@ class Pipeline:
             stream.watermark.update()
             stream.expire()
             closing.extend((stream, key) for key in stream.closable())
+        # every window ending at or before this has closed in every assigned partition;
+        # unknown while any partition has no event time yet (e.g. re-read after a rebuild)
         wm = self.watermark_ms
+        self._closed_through_ms = None
         if wm is not None:
             join = self.config.join
             limit = wm - join.attribution_ms
@@ -335,8 +351,16 @@ class Pipeline:
                 stream.mark_published(w.end_ms)
 
     def confirm_published(self, windows: Iterable[ClosedWindow]) -> None:
-        """Windows are durable: fold them into the counters, summaries and rolling views."""
-        windows = list(windows)
+        """Windows are durable: fold them into the counters, summaries and rolling views.
+
+        A window confirmed before (published again after a failed commit in at-least-once
+        mode: the record is identical) is not counted again.
+        """
+        windows = [w for w in windows if w.key not in self._confirmed]
+        for w in windows:
+            self._confirmed[w.key] = w.end_ms
+        if len(self._confirmed) > self._confirmed_check:
+            self._forget_confirmed()
         for w in windows:
             self.counts.finalized[w.retriever, w.segment, True] += w.labelled
             self.counts.finalized[w.retriever, w.segment, False] += w.unlabelled
@@ -346,6 +370,25 @@ class Pipeline:
         self.detector.add(windows)
         if self._closed_through_ms is not None:
             self.detector.advance(self._closed_through_ms)
+
+    def restore(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows published before this process started (read back from the windows topic).
+
+        They go into the rolling views and the detector's history, not into the counters,
+        which count what this process published (Prometheus sees a restart as a reset).
+        """
+        windows = [w for w in windows if w.key not in self._confirmed]
+        for w in windows:
+            self._confirmed[w.key] = w.end_ms
+        self.closed.add(windows)
+        self.detector.add(windows)
+
+    def _forget_confirmed(self) -> None:
+        """Keep the keys of windows that a re-read could still publish again."""
+        newest = max(self._confirmed.values())
+        horizon = newest - 2 * self.config.join.attribution_ms - 2 * max(self.config.rolling_ms)
+        self._confirmed = {k: end for k, end in self._confirmed.items() if end >= horizon}
+        self._confirmed_check = max(100_000, 2 * len(self._confirmed))
 
     def published(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows are durably published (replay, demo): both steps at once."""
@@ -364,6 +407,13 @@ class Pipeline:
     def pending_feedback(self) -> int:
         """Feedback events waiting for their query, all partitions."""
         return sum(s.n_orphans for s in self.streams.values())
+
+    @property
+    def history_ms(self) -> int:
+        """How much published history the rolling views and the detector use (plus slack)."""
+        d = self.detector.config
+        reach = max(d.candidate_ms + d.baseline_ms, d.deploy_watch_ms) + d.window_ms
+        return max(reach, *self.config.rolling_ms) + 2 * d.attribution_ms + 3_600_000
 
     @property
     def watermark_ms(self) -> int | None:

@@ -123,7 +123,9 @@ def replay(
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or (lambda: time.time_ns() // 1_000_000)
-    pipeline = Pipeline(replace(config, join=replace(config.join, idle_timeout_ms=None)), clock)
+    pipeline = Pipeline(
+        replace(config, join=replace(config.join, idle_timeout_ms=None)), clock, keep_opened=None
+    )
     pipeline.assign(0)
     report = ReplayReport()
     offsets = [0, 0]

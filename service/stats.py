@@ -172,9 +172,12 @@ class WelchResult:
     p_lower: float
     """One-sided p-value of H1 "the candidate mean is lower"."""
     p_two_sided: float
-    ci_low: float
-    """95% two-sided interval of the delta (Welch-Satterthwaite degrees of freedom)."""
-    ci_high: float
+
+    @property
+    def ci(self) -> tuple[float, float]:
+        """95% two-sided interval of the delta (Welch-Satterthwaite degrees of freedom)."""
+        half = t_quantile(0.975, self.df) * self.se if self.se else 0.0
+        return self.delta - half, self.delta + half
 
 
 def welch_test(
@@ -195,10 +198,9 @@ def welch_test(
     if se == 0.0:
         p = 0.0 if delta < 0 else 1.0
         two = 0.0 if delta != 0 else 1.0
-        return WelchResult(delta, 0.0, float(n_b + n_c - 2), p, two, delta, delta)
+        return WelchResult(delta, 0.0, float(n_b + n_c - 2), p, two)
     df = (a + b) ** 2 / (a * a / (n_b - 1) + b * b / (n_c - 1))
     t = delta / se
     p_lower = t_sf(-t, df)
-    half = t_quantile(0.975, df) * se
     two_sided = min(1.0, 2.0 * t_sf(abs(t), df))
-    return WelchResult(delta, se, df, p_lower, two_sided, delta - half, delta + half)
+    return WelchResult(delta, se, df, p_lower, two_sided)

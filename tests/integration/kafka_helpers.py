@@ -13,14 +13,14 @@ import urllib.error
 import urllib.request
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.simulator import SimEvent
+from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimEvent, SimulationConfig
 
 BOOTSTRAP = os.environ.get("RETRIEVAL_MONITOR_TEST_KAFKA", "127.0.0.1:9092")
 PARTITIONS = 4
@@ -43,6 +43,23 @@ class Topics:
             "RETRIEVAL_MONITOR_DEADLETTER_TOPIC": self.deadletter,
             "RETRIEVAL_MONITOR_GROUP_ID": self.group,
         }
+
+
+def deploy_traffic(bad: bool, seed: int, hours: int = 5) -> SimulationConfig:
+    """Traffic ending now; half way hybrid-v8 replaces hybrid-v7, worse when ``bad``."""
+    now = int(time.time() * 1000)
+    start = now - hours * HOUR_MS
+    return SimulationConfig(
+        seed=seed,
+        start_ms=start,
+        duration_ms=hours * HOUR_MS,
+        queries_per_hour=2400,
+        before=HYBRID_V7,
+        after=replace(HYBRID_V8, rank_decay=0.75) if bad else HYBRID_V8,
+        switch_at_ms=start + hours * HOUR_MS // 2,
+        quality_drop=0.15 if bad else 0.0,
+        id_prefix=f"e2e{seed}-",
+    )
 
 
 def partition_of(query_id: str) -> int:

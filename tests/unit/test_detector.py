@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from service.aggregates import aggregate
 from service.detector import Detector, DetectorConfig, compare_metrics
-from service.stats import t_sf, welch_test
+from service.stats import holm_adjust, t_sf, welch_test
 from service.windows import ClosedWindow
 
 W = 300_000
@@ -57,7 +58,7 @@ def test_welch_matches_the_textbook_formula() -> None:
     assert r.df == pytest.approx(df, rel=1e-12)
     assert r.p_lower == pytest.approx(t_sf(-t, df), rel=1e-12)
     assert r.p_two_sided == pytest.approx(2 * t_sf(abs(t), df), rel=1e-12)
-    assert r.ci_low < r.delta < r.ci_high
+    assert r.ci[0] < r.delta < r.ci[1]
 
 
 def test_welch_with_equal_sizes_and_variances_is_students_test() -> None:
@@ -103,7 +104,7 @@ def test_an_equally_good_deploy_opens_nothing() -> None:
     deploy = T0 + 6 * H
     windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 6, 0.85, 40, seed=2)
     detector = run(windows)
-    assert detector.opened == []
+    assert not detector.opened
     tested = set(detector.latest)
     assert ("v8", "kb", "recall@5", "v7") in tested  # it was compared, not skipped
 
@@ -113,7 +114,7 @@ def test_low_volume_is_never_compared() -> None:
     # 10 labelled queries per window: 120 in the hour after the deploy, under 200
     windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 1, 0.2, 10, seed=2)
     detector = run(windows, DetectorConfig(metrics=("recall@5",), deploy_watch_ms=H))
-    assert detector.opened == []
+    assert not detector.opened
 
 
 def test_a_significant_but_tiny_drop_is_not_a_regression() -> None:
@@ -123,7 +124,7 @@ def test_a_significant_but_tiny_drop_is_not_a_regression() -> None:
     deploy_tests = [c for c in detector.latest.values() if c.kind == "deploy"]
     assert deploy_tests
     assert deploy_tests[0].p_value < 1e-6  # significant ...
-    assert detector.opened == []  # ... but smaller than min_effect (0.02)
+    assert not detector.opened  # ... but smaller than min_effect (0.02)
 
 
 def test_maturing_windows_are_never_compared() -> None:
@@ -132,7 +133,7 @@ def test_maturing_windows_are_never_compared() -> None:
     detector = Detector(CONFIG)
     detector.add(windows)  # all closed windows are known ...
     detector.advance(deploy + 4 * W)  # ... but only those ending by here are final
-    assert detector.opened == []
+    assert not detector.opened
     detector.advance(deploy + 6 * W)
     assert len(detector.opened) == 1
 
@@ -195,19 +196,70 @@ def test_drift_of_the_same_version_opens_against_its_own_past() -> None:
 # -- multiple testing ----------------------------------------------------------------------
 
 
-def test_holm_corrects_over_slices() -> None:
+def test_holm_corrects_within_each_family() -> None:
     base = traffic("v7", T0, 4, 0.85, 40, seed=1)
     bump = traffic("v7", T0 + 4 * H, 1, 0.80, 40, seed=2)
-    one = run(base + bump)
     others = [
         w for s in range(9) for w in traffic("v7", T0, 5, 0.85, 40, seed=10 + s, segment=f"seg{s}")
     ]
+    one = run(base + bump)
     many = run(base + bump + others)
     key = ("v7", "kb", "recall@5", "previous_24h")
     raw = one.latest[key].p_raw
-    assert many.latest[key].p_raw == pytest.approx(raw)
     assert one.latest[key].p_value == pytest.approx(raw)  # a family of one
-    assert many.latest[key].p_value >= raw * 2  # ten slices: Holm multiplies the smallest
+    assert many.latest[key].p_raw == pytest.approx(raw)
+    drift = [c for c in many.latest.values() if c.kind == "drift"]
+    assert len(drift) == 10
+    expected = holm_adjust([c.p_raw for c in drift])
+    assert [c.p_value for c in drift] == pytest.approx(expected)
+    assert many.latest[key].p_value > raw
+
+
+def test_deploy_and_drift_are_separate_families() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 8, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.85, 40, seed=2)
+    detector = run(windows)
+    for kind in ("deploy", "drift"):
+        family = [c for c in detector.latest.values() if c.kind == kind]
+        assert family
+        assert [c.p_value for c in family] == pytest.approx(holm_adjust([c.p_raw for c in family]))
+
+
+# -- partitions, repeats and gaps ----------------------------------------------------------
+
+
+def test_partitions_add_up_and_a_repeated_window_counts_once() -> None:
+    deploy = T0 + 6 * H
+    both = []
+    for partition, seed in ((0, 1), (1, 2)):
+        for w in traffic("v7", T0, 6, 0.85, 20, seed) + traffic("v8", deploy, 1, 0.8, 20, seed):
+            both.append(replace(w, partition=partition))
+    detector = run(both + both[:50])  # 50 windows delivered twice (at least once)
+    c = detector.latest["v8", "kb", "recall@5", "v7"]
+    assert c.n_candidate == 2 * 12 * 20  # both partitions, one hour, no repeats
+    assert c.n_baseline == 2 * 72 * 20
+
+
+def test_one_long_catch_up_equals_stepping_through() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.6, 40, seed=2)
+    windows += traffic("v8", deploy + 2 * H, 42, 0.85, 40, seed=3)  # fixed again, 2 days on
+    caught_up = run(windows)  # one advance over 50 hours
+    stepped = Detector(CONFIG)
+    for w in windows:
+        stepped.add([w])
+        stepped.advance(w.end_ms)
+    records = [r.to_record() for r in stepped.opened]
+    assert records
+    assert [r.to_record() for r in caught_up.opened] == records
+
+
+def test_a_gap_in_traffic_is_skipped_not_stepped_through() -> None:
+    windows = traffic("v7", T0, 6, 0.85, 40, seed=1)
+    windows += traffic("v7", T0 + 400 * 24 * H, 2, 0.85, 40, seed=2)  # back after 400 days
+    detector = run(windows)
+    assert detector.through_ms == windows[-1].end_ms
+    assert not detector.opened
 
 
 # -- the compare endpoint's statistics -----------------------------------------------------

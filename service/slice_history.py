@@ -1,0 +1,91 @@
+"""One slice's closed windows as exact prefix sums, for the regression detector.
+
+Each window contributes a flat row ``(count, sum_fx, sum_sq_fx)`` per watched metric
+(Python ints, so sums stay exact). Rows are kept per (window start, partition):
+
+* a window published again (publishing is at least once) replaces its identical copy
+  instead of counting twice;
+* partitions may deliver their windows in any order; prefix sums are rebuilt lazily,
+  once, before the next read, so a batch costs one pass whatever its order.
+
+Any span then costs two binary searches and a subtraction.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+Row = list[int]
+
+
+def _plus(a: Row, b: Row) -> Row:
+    return [x + y for x, y in zip(a, b, strict=True)]
+
+
+class SliceHistory:
+    """Windows of one (retriever, segment), merged over partitions."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.first_start_ms: int | None = None
+        """The earliest window ever added (kept when old windows are forgotten)."""
+        self._parts: dict[tuple[int, int], Row] = {}
+        self._starts: list[int] = []
+        self._values: dict[int, Row] = {}
+        self._prefix: list[Row] = [[0] * width]
+        self._dirty: int | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    @property
+    def starts(self) -> list[int]:
+        """Window starts held, oldest first."""
+        return self._starts
+
+    def add(self, start_ms: int, partition: int, row: Row) -> None:
+        """Add (or replace) the window of one partition."""
+        if self.first_start_ms is None or start_ms < self.first_start_ms:
+            self.first_start_ms = start_ms
+        old = self._parts.get((start_ms, partition))
+        self._parts[start_ms, partition] = row
+        current = self._values.get(start_ms)
+        index = bisect.bisect_left(self._starts, start_ms)
+        if current is None:
+            self._starts.insert(index, start_ms)
+            self._prefix.append([])
+            self._values[start_ms] = list(row)
+        elif old is None:
+            self._values[start_ms] = _plus(current, row)
+        elif old != row:
+            self._values[start_ms] = [c - o + r for c, o, r in zip(current, old, row, strict=True)]
+        else:
+            return  # the same record again
+        self._dirty = index if self._dirty is None else min(self._dirty, index)
+
+    def drop_before(self, start_ms: int) -> None:
+        """Forget the windows starting before ``start_ms``."""
+        self._flush()
+        i = bisect.bisect_left(self._starts, start_ms)
+        if not i:
+            return
+        for start in self._starts[:i]:
+            del self._values[start]
+        self._parts = {k: v for k, v in self._parts.items() if k[0] >= start_ms}
+        del self._starts[:i]
+        del self._prefix[:i]  # differences of the remaining prefixes stay exact
+
+    def total(self, lo_ms: int, hi_ms: int) -> Row:
+        """Sums over the windows starting in ``[lo_ms, hi_ms)``."""
+        self._flush()
+        i = bisect.bisect_left(self._starts, lo_ms)
+        j = bisect.bisect_left(self._starts, hi_ms)
+        return [b - a for a, b in zip(self._prefix[i], self._prefix[j], strict=True)]
+
+    def _flush(self) -> None:
+        if self._dirty is None:
+            return
+        prefix, values, starts = self._prefix, self._values, self._starts
+        for i in range(self._dirty, len(starts)):
+            prefix[i + 1] = _plus(prefix[i], values[starts[i]])
+        self._dirty = None
