@@ -7,6 +7,7 @@ processing loop. Bad query parameters get a 422 with a message, never a 500.
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import FastAPI, HTTPException, Query
@@ -86,10 +87,13 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
     )
 
 
+_EPOCH_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{0,9})?")
+
+
 def _since(since: str | None) -> int | None:
     if since is None or since == "":
         return None
-    if since.replace(".", "", 1).isdigit():
+    if _EPOCH_SECONDS.fullmatch(since):  # ASCII digits only: "²".isdigit() is True
         return round(float(since) * 1000)
     since_ms = parse_aware_ms(since)
     if since_ms is None:

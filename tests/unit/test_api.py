@@ -136,6 +136,8 @@ def test_windows_api_filters(replayed: tuple[Pipeline, list[ClosedWindow]]) -> N
         ("/api/v1/rolling", {"window": "x" * 50}),
         ("/api/v1/windows", {"since": "yesterday"}),
         ("/api/v1/windows", {"since": "2026-12-01T00:00:00"}),
+        ("/api/v1/windows", {"since": "\u00b2"}),  # a digit to str.isdigit (found by fuzzing)
+        ("/api/v1/windows", {"since": "1" * 40}),
     ],
 )
 def test_bad_parameters_get_422(
