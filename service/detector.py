@@ -221,7 +221,12 @@ class Detector:
         if self.through_ms is not None:
             boundary = max(boundary, self.through_ms + step)
         reach = max(self.config.candidate_ms + self.config.baseline_ms, self.config.deploy_watch_ms)
-        starts = sorted({start for s in self._series.values() for start in s.starts})
+        # most calls have no new boundary (a commit without a newly closed window)
+        starts = (
+            sorted({start for s in self._series.values() for start in s.starts})
+            if boundary <= last
+            else []
+        )
         opened: list[Regression] = []
         while boundary <= last:
             # nothing within reach and nothing open: jump to the next window (a gap in time)

@@ -32,6 +32,7 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
+LOG_NAME=monitoring
 # shellcheck source=deploy/local/process.sh
 . "$HERE/process.sh"
 
@@ -52,13 +53,6 @@ LOGS="$STATE_DIR/logs"
 INSTALL_HINT="run 'bash deploy/local/monitoring.sh install' as root (Debian/Ubuntu: apt-get install prometheus prometheus-alertmanager), or put the release binaries of https://prometheus.io/download/ (prometheus, promtool, alertmanager, amtool) on PATH"
 
 # ---------------------------------------------------------------- helpers
-say() { printf 'monitoring: %s\n' "$*"; }
-warn() { printf 'monitoring: %s\n' "$*" >&2; }
-die() {
-    printf 'monitoring: ERROR: %s\n' "$*" >&2
-    exit 1
-}
-
 usage() { # exit code
     sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "$1"

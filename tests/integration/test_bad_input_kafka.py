@@ -20,8 +20,8 @@ from tests.integration.test_run_kafka import (
     FAST,
     _expected,
     _published,
+    _serve_until_final,
     _traffic,
-    _wait_all_final,
 )
 
 pytestmark = pytest.mark.integration
@@ -68,13 +68,7 @@ def test_poison_records_are_dead_lettered_and_good_ones_processed(
     produce(topics, events[third : 2 * third], raw=raw[6:])
     produce(topics, events[2 * third :])
 
-    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
-    try:
-        service.wait_ready()
-        _wait_all_final(service, n_queries)
-        samples = service.samples()
-    finally:
-        assert service.stop() == 0, service.tail()
+    samples = _serve_until_final(topics, tmp_path, n_queries)
 
     published, versions = _published(topics)
     assert published == expected  # every good record counted, nothing else
@@ -110,13 +104,7 @@ def test_every_record_delivered_twice_changes_nothing(topics: Topics, tmp_path: 
     twice: list[SimEvent] = [e for event in events for e in (event, event)]
     produce(topics, twice)
 
-    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
-    try:
-        service.wait_ready()
-        _wait_all_final(service, n_queries)
-        samples = service.samples()
-    finally:
-        assert service.stop() == 0, service.tail()
+    samples = _serve_until_final(topics, tmp_path, n_queries)
 
     published, versions = _published(topics)
     assert published == expected

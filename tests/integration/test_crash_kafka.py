@@ -71,3 +71,7 @@ def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_p
     published, versions = _published(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
+    print(  # the figures of docs/reliability.md (pytest -s shows them)
+        f"{KILLS} kills, {len(events)} records in, {len(keys)} window records out, "
+        f"{len(expected)} expected: 0 lost, 0 duplicated"
+    )

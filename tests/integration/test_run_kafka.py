@@ -74,6 +74,19 @@ def _wait_all_final(service: ServiceProcess, n_queries: int) -> None:
     service.wait_until(done, 120, f"{n_queries} finalised queries")
 
 
+def _serve_until_final(
+    topics: Topics, tmp_path: Path, n_queries: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Run the service until every query is final; stop it cleanly; return its /metrics."""
+    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
+    try:
+        service.wait_ready()
+        _wait_all_final(service, n_queries)
+        return service.samples()
+    finally:
+        assert service.stop() == 0, service.tail()
+
+
 def _run_to_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
     """Wait until nothing is pending and every window is on the topic; stop cleanly."""
     try:
@@ -103,13 +116,7 @@ def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
     produce(topics, events[: len(events) // 2], raw=poison)
     produce(topics, events[len(events) // 2 :])
 
-    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
-    try:
-        service.wait_ready()
-        _wait_all_final(service, n_queries)
-        samples = service.samples()
-    finally:
-        assert service.stop() == 0, service.tail()
+    samples = _serve_until_final(topics, tmp_path, n_queries)
 
     published, versions = _published(topics)
     assert set(published) == set(expected)

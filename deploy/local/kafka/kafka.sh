@@ -34,6 +34,7 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+LOG_NAME=kafka
 # shellcheck source=deploy/local/process.sh
 . "$HERE/../process.sh"
 REPO="$(cd "$HERE/../../.." && pwd)"
@@ -66,13 +67,6 @@ RUNFILE="$STATE_DIR/kafka.run"
 FORMATFILE="$DATA/.kafka-sh-format" # how data/ was formatted (cluster id, Kafka version)
 
 # ---------------------------------------------------------------- helpers
-say() { printf 'kafka: %s\n' "$*"; }
-warn() { printf 'kafka: %s\n' "$*" >&2; }
-die() {
-    printf 'kafka: ERROR: %s\n' "$*" >&2
-    exit 1
-}
-
 usage() { # exit code
     sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
     exit "$1"
