@@ -147,6 +147,10 @@ class Settings(BaseSettings):
     commit_interval: PositiveDuration = "5s"  # type: ignore[assignment]
     poll_timeout: PositiveDuration = "200ms"  # type: ignore[assignment]
     max_poll_records: int = Field(2000, ge=1)
+    max_topic_lead: Duration = "10m"  # type: ignore[assignment]
+    """Backpressure: a topic partition whose event time runs this far ahead of the other
+    topic of its partition, while that one still has a backlog, is paused until the other
+    catches up to half of it (0 turns pausing off)."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

@@ -45,6 +45,8 @@ class SourceHealth:
     """What the Kafka edge (or the demo feeder) reports for exposition and readiness."""
 
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    paused: set[tuple[str, int]] = field(default_factory=set)
+    """Topic partitions paused by backpressure."""
     last_poll_ms: int | None = None
     assigned: int = 0
     deadletters: int = 0
@@ -244,6 +246,14 @@ class PipelineCollector(Collector):
         for (topic, partition), n in sorted(self.health.lag.items()):
             lag.add_metric([topic, str(partition)], n)
         yield lag
+        paused = GaugeMetricFamily(
+            "retrieval_consumer_paused",
+            "1 while backpressure pauses the topic partition (its event time leads).",
+            labels=["topic", "partition"],
+        )
+        for topic, partition in sorted(self.health.lag):
+            paused.add_metric([topic, str(partition)], (topic, partition) in self.health.paused)
+        yield paused
         yield GaugeMetricFamily(
             "retrieval_assigned_partitions",
             "Partitions assigned to this process.",

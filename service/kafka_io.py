@@ -31,10 +31,11 @@ from kafka.structs import OffsetAndMetadata
 from service.config import Settings
 from service.errors import ConfigError, EventError
 from service.events import decode_feedback, decode_query
+from service.faults import failpoint
 from service.offsets import commit_plan, restart_from
 from service.publisher import Publisher
 from service.state import ServiceState
-from service.watermark import FEEDBACK, QUERIES
+from service.watermark import FEEDBACK, NEVER, QUERIES
 from service.window_history import read_window_history
 from service.windows import ClosedWindow
 
@@ -230,6 +231,7 @@ class KafkaEdge:
         """Poll, process, publish, commit until ``stop`` is set; then hand everything over."""
         settings = self.settings
         while not stop.is_set():
+            _unpark(self.consumer)
             batch = self.consumer.poll(
                 timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
             )
@@ -256,6 +258,8 @@ class KafkaEdge:
             if now - self._last_lag_ms >= 1000:
                 self._update_lag()
                 self._last_lag_ms = now
+            if batch or self.state.health.paused:
+                self._balance()
             self.state.beat()
         self.close()
 
@@ -324,6 +328,7 @@ class KafkaEdge:
         self._unconfirmed = []
 
     def _commit(self, offsets: dict[Any, OffsetAndMetadata]) -> None:
+        failpoint("before-commit")
         try:
             self.publisher.commit(offsets, self.consumer.group_metadata, self.consumer.commit)
         except Exception as error:
@@ -334,6 +339,7 @@ class KafkaEdge:
                 self.publisher.abort()
                 self._needs_rebuild = True  # done outside the producer lock
                 return
+        failpoint("after-commit")
         with self.lock:
             self._confirm()
 
@@ -359,6 +365,46 @@ class KafkaEdge:
                     old = stream.counted_from
                     stream.counted_from = [max(a, b) for a, b in zip(marks, old, strict=True)]
 
+    def _balance(self) -> None:
+        """Backpressure: pause a topic partition whose event time runs ahead of the other.
+
+        While one topic of a partition is read far behind the other, the leading one fills
+        the pending state (queries waiting for feedback that is still unread, or orphan
+        feedback waiting for queries). It is paused while it leads by more than
+        ``max_topic_lead`` and the other still has a backlog, and resumed once the other
+        is within half of that or has caught up. The consumer keeps polling (paused
+        partitions are simply not fetched), so it stays in the group.
+        """
+        lead = self.settings.max_topic_lead
+        if lead <= 0:
+            return
+        lag = self.state.health.lag
+        paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
+        pause, resume = [], []
+        with self.lock:
+            for p, stream in self.pipeline.streams.items():
+                wm = stream.watermark
+                for topic, other in ((QUERIES, FEEDBACK), (FEEDBACK, QUERIES)):
+                    key = (self.topics[topic], p)
+                    mine, theirs = wm.max_ts(topic), wm.max_ts(other)
+                    ahead = mine - theirs  # nothing read from the other: far behind
+                    if NEVER in (mine, theirs):
+                        ahead = 2 * lead if mine != NEVER else 0
+                    behind = lag.get((self.topics[other], p), 1) > 0  # unknown: behind
+                    if key in paused:
+                        if not behind or ahead <= lead // 2:
+                            resume.append(TopicPartition(*key))
+                    elif behind and ahead > lead:
+                        pause.append(TopicPartition(*key))
+        assigned = self.consumer.assignment()
+        if pause := [tp for tp in pause if tp in assigned]:
+            self.consumer.pause(*pause)
+            log.info("paused %s: their event time leads the other topic", _names(pause))
+        if resume := [tp for tp in resume if tp in assigned]:
+            self.consumer.resume(*resume)
+            log.info("resumed %s", _names(resume))
+        self.state.health.paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
+
     def _update_lag(self) -> None:
         """Lag per topic partition; one with a backlog (or not yet known) is never idle."""
         lag: dict[tuple[str, int], int] = {}
@@ -378,6 +424,30 @@ class KafkaEdge:
                     kind = QUERIES if topic == self.topics[0] else FEEDBACK
                     behind = (topic, partition) in unknown or lag[topic, partition] > 0
                     stream.watermark.set_backlog(kind, behind)
+
+
+def _unpark(consumer: KafkaConsumer) -> None:
+    """Work around a kafka-python 3.0 fetcher bug that starves resumed partitions.
+
+    Records fetched for a partition that is then paused are parked (KAFKA-7548), and the
+    partition is not fetched again until they are handed back. ``Fetcher`` hands them
+    back only while its in-line slot ``_next_partition_records`` is ``None``, but it
+    leaves drained (falsy) objects there, so a resumed partition could stay parked, and
+    unread, forever (seen here: a feedback partition's position frozen after a resume,
+    its lag never shrinking). A drained slot holds nothing: clearing it before each poll
+    lets that poll hand the parked records back.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    parked = getattr(fetcher, "_paused_partition_records", None)
+    if not parked:
+        return
+    slot = fetcher._next_partition_records  # type: ignore[union-attr]
+    if slot is not None and not slot:
+        fetcher._next_partition_records = None  # type: ignore[union-attr]
+
+
+def _names(tps: Iterable[Any]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps))
 
 
 def produce_events(settings: Settings, events: Iterable[Any]) -> int:

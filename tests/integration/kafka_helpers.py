@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 import zlib
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,7 +21,17 @@ from typing import Any, ClassVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimEvent, SimulationConfig
+from service.event_log import evaluate_event_log
+from service.events import FeedbackEvent, QueryEvent
+from service.simulator import (
+    HOUR_MS,
+    HYBRID_V7,
+    HYBRID_V8,
+    SimEvent,
+    SimulationConfig,
+    generate,
+)
+from service.windows import ClosedWindow
 
 BOOTSTRAP = os.environ.get("RETRIEVAL_MONITOR_TEST_KAFKA", "127.0.0.1:9092")
 PARTITIONS = 4
@@ -33,10 +44,12 @@ class Topics:
     windows: str
     deadletter: str
     group: str
+    bootstrap: str = BOOTSTRAP
+    """The broker these topics live on (a test may start a broker of its own)."""
 
     def env(self) -> dict[str, str]:
         return {
-            "RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP,
+            "RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "RETRIEVAL_MONITOR_QUERIES_TOPIC": self.queries,
             "RETRIEVAL_MONITOR_FEEDBACK_TOPIC": self.feedback,
             "RETRIEVAL_MONITOR_WINDOWS_TOPIC": self.windows,
@@ -71,7 +84,7 @@ def produce(
     topics: Topics, events: Iterable[SimEvent], raw: Iterable[tuple[str, bytes]] = ()
 ) -> int:
     """Produce simulated events (and optional raw values) co-partitioned by query id."""
-    producer = KafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", linger_ms=10)
+    producer = KafkaProducer(bootstrap_servers=topics.bootstrap, acks="all", linger_ms=10)
     n = 0
     for event in events:
         topic = topics.queries if event.topic == "queries" else topics.feedback
@@ -89,10 +102,10 @@ def produce(
     return n
 
 
-def read_all(topic: str, timeout_s: float = 20) -> list[Any]:
+def read_all(topic: str, timeout_s: float = 20, bootstrap: str = BOOTSTRAP) -> list[Any]:
     """Every record of a topic, from the beginning to its current end."""
     consumer = KafkaConsumer(
-        bootstrap_servers=BOOTSTRAP, enable_auto_commit=False, isolation_level="read_committed"
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
     )
     parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
     consumer.assign(parts)
@@ -184,3 +197,164 @@ def total(
     """Sum of a series over every label set that contains ``labels``."""
     want = set(labels.items())
     return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+# -- running the service over simulated traffic, and the oracle -------------------------
+
+"""Settings that make a test run quick: short idleness, commits, windows and sessions."""
+FAST = {"idle_timeout": "2s", "commit_interval": "1s", "window": "5m", "session_timeout": "6s"}
+
+
+def traffic(seed: int, hours: float = 1.5, queries_per_hour: float = 2400) -> list[SimEvent]:
+    now = time.time_ns() // 1_000_000
+    start = now - int((hours + 1) * HOUR_MS)
+    sim = SimulationConfig(
+        seed=seed,
+        start_ms=start,
+        duration_ms=int(hours * HOUR_MS),
+        queries_per_hour=queries_per_hour,
+        before=HYBRID_V7,
+        after=HYBRID_V8,
+        switch_at_ms=start + int(hours * HOUR_MS * 0.6),
+        id_prefix=f"it{seed}-",
+    )
+    return list(generate(sim))
+
+
+def expected_windows(events: list[SimEvent]) -> dict[str, ClosedWindow]:
+    queries = [QueryEvent.model_validate(e.event) for e in events if e.topic == "queries"]
+    feedback = [FeedbackEvent.model_validate(e.event) for e in events if e.topic == "feedback"]
+    mapping = {q.query_id: partition_of(q.query_id) for q in queries}
+    return evaluate_event_log(queries, feedback, partition_of=mapping)
+
+
+def published_windows(topics: Topics) -> tuple[dict[str, ClosedWindow], dict[str, set[bytes]]]:
+    last: dict[str, ClosedWindow] = {}
+    versions: dict[str, set[bytes]] = defaultdict(set)
+    for record in read_all(topics.windows, bootstrap=topics.bootstrap):
+        key = record.key.decode()
+        versions[key].add(record.value)
+        window = ClosedWindow.from_record(json.loads(record.value))
+        assert window.key == key
+        last[key] = window
+    return last, versions
+
+
+def wait_all_final(service: ServiceProcess, n_queries: int) -> None:
+    def done() -> bool:
+        s = service.samples()
+        finalized = total(s, "retrieval_queries_finalized_total")
+        return finalized == n_queries and total(s, "retrieval_pending_queries") == 0
+
+    service.wait_until(done, 120, f"{n_queries} finalised queries")
+
+
+def serve_until_final(
+    topics: Topics, tmp_path: Path, n_queries: int
+) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Run the service until every query is final; stop it cleanly; return its /metrics."""
+    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
+    try:
+        service.wait_ready()
+        wait_all_final(service, n_queries)
+        return service.samples()
+    finally:
+        assert service.stop() == 0, service.tail()
+
+
+def run_to_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
+    """Wait until nothing is pending and every window is on the topic; stop cleanly."""
+    try:
+        service.wait_ready()
+        service.wait_until(
+            lambda: (
+                total(service.samples(), "retrieval_pending_queries") == 0
+                and len(published_windows(topics)[0]) >= n_windows
+            ),
+            120,
+            "every window published",
+        )
+    finally:
+        assert service.stop() == 0, service.tail()
+
+
+# -- bulk input: millions of generated records, produced fast -----------------------------
+
+
+@dataclass(frozen=True)
+class BulkSpec:
+    """``count`` generated events of one kind, event times spread evenly over a span.
+
+    ``kind`` is ``"query"`` (a valid query event with ``results`` ranked chunk ids, whose
+    id never gets feedback) or ``"orphan"`` (valid feedback whose query id never
+    appears). Event ``i`` has id ``f"{prefix}{i}"``, is keyed and partitioned by that id
+    (``partition_of``) and dated ``start_ms + i * span_ms // count``, so each partition's
+    offsets run forward in event time.
+    """
+
+    kind: str
+    topic: str
+    prefix: str
+    count: int
+    start_ms: int
+    span_ms: int
+    results: int = 10
+    bootstrap: str = BOOTSTRAP
+
+
+def bulk_value(spec: BulkSpec, i: int) -> tuple[str, bytes]:
+    """Event ``i`` of a spec: (query id, JSON bytes)."""
+    from service.simulator import format_ms
+
+    query_id = f"{spec.prefix}{i}"
+    ts = format_ms(spec.start_ms + i * spec.span_ms // spec.count)
+    if spec.kind == "query":
+        results = ",".join(f'"doc-{(i * 7 + r * 131) % 50_000}#{r % 4}"' for r in range(spec.results))
+        text = (
+            f'{{"query_id":"{query_id}","timestamp":"{ts}","retriever":"hybrid-v7",'
+            f'"results":[{results}],"context_k":5,"segment":"support-kb"}}'
+        )
+    elif spec.kind == "orphan":
+        signal = ('"signal":"click"', '"signal":"citation"', '"signal":"judgment","grade":2')[i % 3]
+        text = (
+            f'{{"query_id":"{query_id}","timestamp":"{ts}",'
+            f'"chunk_id":"doc-{i % 50_000}#{i % 4}",{signal}}}'
+        )
+    else:
+        raise ValueError(f"unknown kind {spec.kind!r}")
+    return query_id, text.encode()
+
+
+def _produce_bulk(spec: BulkSpec) -> tuple[list[int], float]:
+    """Produce one spec (in a worker process); return (records per partition, seconds)."""
+    producer = KafkaProducer(
+        bootstrap_servers=spec.bootstrap,
+        acks=1,
+        linger_ms=50,
+        batch_size=1 << 20,
+        compression_type=None,
+    )
+    per_partition = [0] * PARTITIONS
+    start = time.perf_counter()
+    send = producer.send
+    for i in range(spec.count):
+        query_id, value = bulk_value(spec, i)
+        key = query_id.encode()
+        partition = zlib.crc32(key) % PARTITIONS
+        send(spec.topic, key=key, value=value, partition=partition)
+        per_partition[partition] += 1
+    producer.flush()
+    seconds = time.perf_counter() - start
+    producer.close()
+    return per_partition, seconds
+
+
+def produce_bulk(specs: list[BulkSpec]) -> list[tuple[list[int], float]]:
+    """Produce each spec from its own process (kafka-python's ``send`` costs some 25 µs of
+    CPU per record, so one process tops out near 40,000 records/s); return, per spec, the
+    records per partition and the seconds it took."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # no fork of the caller's client threads
+    with context.Pool(len(specs)) as pool:
+        return pool.map(_produce_bulk, specs)

@@ -15,13 +15,17 @@ from pathlib import Path
 import pytest
 
 from service.simulator import SimEvent
-from tests.integration.kafka_helpers import ServiceProcess, Topics, produce, read_all, total
-from tests.integration.test_run_kafka import (
+from tests.integration.kafka_helpers import (
     FAST,
-    _expected,
-    _published,
-    _serve_until_final,
-    _traffic,
+    ServiceProcess,
+    Topics,
+    expected_windows,
+    produce,
+    published_windows,
+    read_all,
+    serve_until_final,
+    total,
+    traffic,
 )
 
 pytestmark = pytest.mark.integration
@@ -58,8 +62,8 @@ POISON: list[tuple[str, bytes, str]] = [
 def test_poison_records_are_dead_lettered_and_good_ones_processed(
     topics: Topics, tmp_path: Path
 ) -> None:
-    events = _traffic(seed=31)
-    expected = _expected(events)
+    events = traffic(seed=31)
+    expected = expected_windows(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
     topic = {"queries": topics.queries, "feedback": topics.feedback}
     raw = [(topic[kind], value) for kind, value, _ in POISON]
@@ -68,9 +72,9 @@ def test_poison_records_are_dead_lettered_and_good_ones_processed(
     produce(topics, events[third : 2 * third], raw=raw[6:])
     produce(topics, events[2 * third :])
 
-    samples = _serve_until_final(topics, tmp_path, n_queries)
+    samples = serve_until_final(topics, tmp_path, n_queries)
 
-    published, versions = _published(topics)
+    published, versions = published_windows(topics)
     assert published == expected  # every good record counted, nothing else
     assert all(len(v) == 1 for v in versions.values())
     reasons: dict[str, int] = {}
@@ -98,15 +102,15 @@ def test_poison_records_are_dead_lettered_and_good_ones_processed(
 
 
 def test_every_record_delivered_twice_changes_nothing(topics: Topics, tmp_path: Path) -> None:
-    events = _traffic(seed=32)
-    expected = _expected(events)
+    events = traffic(seed=32)
+    expected = expected_windows(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
     twice: list[SimEvent] = [e for event in events for e in (event, event)]
     produce(topics, twice)
 
-    samples = _serve_until_final(topics, tmp_path, n_queries)
+    samples = serve_until_final(topics, tmp_path, n_queries)
 
-    published, versions = _published(topics)
+    published, versions = published_windows(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
     assert total(samples, "retrieval_duplicate_events_total", topic=topics.queries) == n_queries

@@ -20,13 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.kafka_helpers import ServiceProcess, Topics, produce, read_all, total
-from tests.integration.test_run_kafka import (
+from tests.integration.kafka_helpers import (
     FAST,
-    _expected,
-    _published,
-    _run_to_the_end,
-    _traffic,
+    ServiceProcess,
+    Topics,
+    expected_windows,
+    produce,
+    published_windows,
+    read_all,
+    run_to_the_end,
+    total,
+    traffic,
 )
 
 pytestmark = pytest.mark.integration
@@ -34,8 +38,8 @@ KILLS = 5
 
 
 def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_path: Path) -> None:
-    events = _traffic(seed=41, hours=6.0)
-    expected = _expected(events)
+    events = traffic(seed=41, hours=6.0)
+    expected = expected_windows(events)
     rng = random.Random(41)
     produce(topics, events)
     replica = {
@@ -63,12 +67,12 @@ def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_p
             killed_with_work += 1
         service.stop(signal.SIGKILL)
     last = ServiceProcess(topics, tmp_path / "last.log", **replica)
-    _run_to_the_end(last, topics, len(expected))
+    run_to_the_end(last, topics, len(expected))
 
     assert killed_with_work == KILLS, "a kill landed after the work: it tested nothing"
     keys = sorted(r.key.decode() for r in read_all(topics.windows))
     assert keys == sorted(expected), "a window was lost or published twice"
-    published, versions = _published(topics)
+    published, versions = published_windows(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
     print(  # the figures of docs/reliability.md (pytest -s shows them)

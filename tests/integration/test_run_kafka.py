@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
@@ -14,98 +13,27 @@ from kafka.admin import KafkaAdminClient
 from service.aggregates import SCALE, merge
 from service.event_log import evaluate_event_log
 from service.events import FeedbackEvent, QueryEvent
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimEvent, SimulationConfig, generate
-from service.windows import ClosedWindow
 from tests.integration.kafka_helpers import (
+    FAST,
     ServiceProcess,
     Topics,
-    partition_of,
+    expected_windows,
     produce,
+    published_windows,
     read_all,
+    run_to_the_end,
+    serve_until_final,
     total,
+    traffic,
+    wait_all_final,
 )
 
 pytestmark = pytest.mark.integration
 
-FAST = {"idle_timeout": "2s", "commit_interval": "1s", "window": "5m", "session_timeout": "6s"}
-
-
-def _traffic(seed: int, hours: float = 1.5) -> list[SimEvent]:
-    now = time.time_ns() // 1_000_000
-    start = now - int((hours + 1) * HOUR_MS)
-    sim = SimulationConfig(
-        seed=seed,
-        start_ms=start,
-        duration_ms=int(hours * HOUR_MS),
-        queries_per_hour=2400,
-        before=HYBRID_V7,
-        after=HYBRID_V8,
-        switch_at_ms=start + int(hours * HOUR_MS * 0.6),
-        id_prefix=f"it{seed}-",
-    )
-    return list(generate(sim))
-
-
-def _expected(events: list[SimEvent]) -> dict[str, ClosedWindow]:
-    queries = [QueryEvent.model_validate(e.event) for e in events if e.topic == "queries"]
-    feedback = [FeedbackEvent.model_validate(e.event) for e in events if e.topic == "feedback"]
-    mapping = {q.query_id: partition_of(q.query_id) for q in queries}
-    return evaluate_event_log(queries, feedback, partition_of=mapping)
-
-
-def _published(topics: Topics) -> tuple[dict[str, ClosedWindow], dict[str, set[bytes]]]:
-    last: dict[str, ClosedWindow] = {}
-    versions: dict[str, set[bytes]] = defaultdict(set)
-    for record in read_all(topics.windows):
-        key = record.key.decode()
-        versions[key].add(record.value)
-        window = ClosedWindow.from_record(json.loads(record.value))
-        assert window.key == key
-        last[key] = window
-    return last, versions
-
-
-def _wait_all_final(service: ServiceProcess, n_queries: int) -> None:
-    def done() -> bool:
-        s = service.samples()
-        finalized = total(s, "retrieval_queries_finalized_total")
-        return finalized == n_queries and total(s, "retrieval_pending_queries") == 0
-
-    service.wait_until(done, 120, f"{n_queries} finalised queries")
-
-
-def _serve_until_final(
-    topics: Topics, tmp_path: Path, n_queries: int
-) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Run the service until every query is final; stop it cleanly; return its /metrics."""
-    service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
-    try:
-        service.wait_ready()
-        _wait_all_final(service, n_queries)
-        return service.samples()
-    finally:
-        assert service.stop() == 0, service.tail()
-
-
-def _run_to_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
-    """Wait until nothing is pending and every window is on the topic; stop cleanly."""
-    try:
-        service.wait_ready()
-        service.wait_until(
-            lambda: (
-                total(service.samples(), "retrieval_pending_queries") == 0
-                and len(_published(topics)[0]) >= n_windows
-            ),
-            120,
-            "every window published",
-        )
-    finally:
-        assert service.stop() == 0, service.tail()
-
 
 def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
-    events = _traffic(seed=21)
-    expected = _expected(events)
+    events = traffic(seed=21)
+    expected = expected_windows(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
     poison = [
         (topics.queries, b"\x00garbage"),
@@ -116,9 +44,9 @@ def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:
     produce(topics, events[: len(events) // 2], raw=poison)
     produce(topics, events[len(events) // 2 :])
 
-    samples = _serve_until_final(topics, tmp_path, n_queries)
+    samples = serve_until_final(topics, tmp_path, n_queries)
 
-    published, versions = _published(topics)
+    published, versions = published_windows(topics)
     assert set(published) == set(expected)
     assert all(len(v) == 1 for v in versions.values()), "a key carried two different records"
     for key, window in expected.items():
@@ -164,8 +92,8 @@ def test_sigterm_and_restart_mid_stream_is_exact(
     topics: Topics, tmp_path: Path, exactly_once: str
 ) -> None:
     """Both publishing modes: a clean stop commits the marker with the offsets."""
-    events = _traffic(seed=22)
-    expected = _expected(events)
+    events = traffic(seed=22)
+    expected = expected_windows(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
     half = len(events) // 2
     produce(topics, events[:half])
@@ -181,9 +109,9 @@ def test_sigterm_and_restart_mid_stream_is_exact(
 
     produce(topics, events[half:])
     second = ServiceProcess(topics, tmp_path / "second.log", exactly_once=exactly_once, **FAST)
-    _run_to_the_end(second, topics, len(expected))
+    run_to_the_end(second, topics, len(expected))
 
-    published, versions = _published(topics)
+    published, versions = published_windows(topics)
     assert set(published) == set(expected)
     for key, window in expected.items():
         assert published[key] == window, key
@@ -224,10 +152,10 @@ def test_simulate_to_kafka_then_run(topics: Topics, tmp_path: Path) -> None:
     service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
     try:
         service.wait_ready()
-        _wait_all_final(service, len(queries))
+        wait_all_final(service, len(queries))
     finally:
         assert service.stop() == 0, service.tail()
-    published, _ = _published(topics)
+    published, _ = published_windows(topics)
     assert published == expected
 
 
@@ -239,8 +167,8 @@ def test_kill_9_mid_stream_publishes_each_window_exactly_once(
     A smoke test: the kill lands at a random moment; the reliability suite injects
     crashes at chosen points (between publishing and committing) deterministically.
     """
-    events = _traffic(seed=23)
-    expected = _expected(events)
+    events = traffic(seed=23)
+    expected = expected_windows(events)
     produce(topics, events[: len(events) // 2])
     replica = {**FAST, "commit_interval": "300ms", "transactional_id": f"{topics.group}-r0"}
     first = ServiceProcess(topics, tmp_path / "first.log", **replica)
@@ -254,11 +182,11 @@ def test_kill_9_mid_stream_publishes_each_window_exactly_once(
     produce(topics, events[len(events) // 2 :])
     # the same replica identity: the restart fences the crashed producer's transaction
     second = ServiceProcess(topics, tmp_path / "second.log", **replica)
-    _run_to_the_end(second, topics, len(expected))
+    run_to_the_end(second, topics, len(expected))
     records = read_all(topics.windows)
     keys = [r.key.decode() for r in records]
     assert sorted(keys) == sorted(expected), "a window was lost or published twice"
-    published, _ = _published(topics)
+    published, _ = published_windows(topics)
     assert published == expected
 
 
