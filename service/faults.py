@@ -2,7 +2,8 @@
 
 Off unless the environment variable ``RETRIEVAL_MONITOR_FAILPOINT`` is set, as
 ``<point>:<n>``: the process sends itself SIGKILL the n-th time it reaches ``<point>``
-(the same death as ``kill -9`` from outside, at a moment chosen exactly). Points:
+with windows in flight (the same death as ``kill -9`` from outside, at a moment chosen
+exactly). Points:
 
 * ``before-commit``: closed windows are in the open transaction (or sent, in
   at-least-once mode), the offsets and markers are not committed yet.
@@ -41,12 +42,15 @@ _armed = _parse(os.environ.get(ENV))
 _reached: dict[str, int] = {}
 
 
-def failpoint(point: str) -> None:
-    """Kill this process with SIGKILL if ``point`` is armed and reached for the n-th time."""
+def failpoint(point: str, context: str = "") -> None:
+    """Kill this process with SIGKILL if ``point`` is armed and reached for the n-th time.
+
+    ``context`` (what is in flight) goes into the last log line, for the test to read.
+    """
     if _armed is None or _armed[0] != point:
         return
     _reached[point] = _reached.get(point, 0) + 1
     if _reached[point] == _armed[1]:
-        log.warning("failpoint %s reached %d times: SIGKILL", point, _armed[1])
+        log.warning("failpoint %s reached %d times (%s): SIGKILL", point, _armed[1], context)
         logging.shutdown()
         os.kill(os.getpid(), signal.SIGKILL)

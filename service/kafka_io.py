@@ -328,7 +328,8 @@ class KafkaEdge:
         self._unconfirmed = []
 
     def _commit(self, offsets: dict[Any, OffsetAndMetadata]) -> None:
-        failpoint("before-commit")
+        if self._unconfirmed:  # only commits that carry windows are crash points
+            failpoint("before-commit", f"{len(self._unconfirmed)} windows uncommitted")
         try:
             self.publisher.commit(offsets, self.consumer.group_metadata, self.consumer.commit)
         except Exception as error:
@@ -339,7 +340,8 @@ class KafkaEdge:
                 self.publisher.abort()
                 self._needs_rebuild = True  # done outside the producer lock
                 return
-        failpoint("after-commit")
+        if self._unconfirmed:
+            failpoint("after-commit", f"{len(self._unconfirmed)} windows committed, uncounted")
         with self.lock:
             self._confirm()
 

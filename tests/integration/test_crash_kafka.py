@@ -79,3 +79,45 @@ def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_p
         f"{KILLS} kills, {len(events)} records in, {len(keys)} window records out, "
         f"{len(expected)} expected: 0 lost, 0 duplicated"
     )
+
+
+def test_crashes_between_publishing_and_committing_repeat_nothing(
+    topics: Topics, tmp_path: Path
+) -> None:
+    """Failpoints: SIGKILL exactly before a commit (windows sent, offsets not committed)
+    and exactly after one (committed, not yet counted), three times each."""
+    events = traffic(seed=42, hours=4.0)
+    expected = expected_windows(events)
+    rng = random.Random(42)
+    produce(topics, events)
+    replica = {
+        **FAST,
+        "commit_interval": "200ms",
+        "max_poll_records": "100",
+        "transactional_id": f"{topics.group}-r0",
+    }
+    in_flight = []
+    for round_, point in enumerate(["before-commit", "after-commit"] * 3):
+        nth = rng.randint(2, 6)
+        service = ServiceProcess(
+            topics, tmp_path / f"run{round_}.log", **replica, failpoint=f"{point}:{nth}"
+        )
+        assert service.process.wait(timeout=120) == -signal.SIGKILL, service.tail()
+        line = [x for x in service.tail(5).splitlines() if "failpoint" in x]
+        assert line, service.tail()
+        assert point in line[-1]
+        in_flight.append(int(line[-1].split("(")[1].split()[0]))
+    last = ServiceProcess(topics, tmp_path / "last.log", **replica)
+    run_to_the_end(last, topics, len(expected))
+
+    assert sum(in_flight[0::2]) > 0, "no crash had windows in the open transaction"
+    assert sum(in_flight[1::2]) > 0, "no crash had committed windows not yet counted"
+    keys = sorted(r.key.decode() for r in read_all(topics.windows))
+    assert keys == sorted(expected), "a window was lost or published twice"
+    published, versions = published_windows(topics)
+    assert published == expected
+    assert all(len(v) == 1 for v in versions.values())
+    print(
+        f"6 failpoint kills (windows in flight: {in_flight}), {len(events)} records in, "
+        f"{len(keys)} window records out, {len(expected)} expected: 0 lost, 0 duplicated"
+    )
