@@ -135,6 +135,9 @@ def create_app(state: ServiceState) -> FastAPI:
         """Partitions are assigned and the consumer polled recently."""
         health = service.health
         now = service.wall_ms()
+        if health.stopped:
+            reason = "stopped: partitions handed over; /metrics shows the final counts"
+            return JSONResponse({"ready": False, "reason": reason}, 503)
         if service.needs_assignment and health.assigned == 0:
             return JSONResponse({"ready": False, "reason": "no partitions assigned yet"}, 503)
         if health.last_poll_ms is None or now - health.last_poll_ms > service.stale_after_ms:

@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     regression_alpha: float = Field(0.005, gt=0.0, lt=1.0)
     regression_drift_alpha: float = Field(0.001, gt=0.0, lt=1.0)
     regression_close_after: PositiveDuration = "1h"  # type: ignore[assignment]
+    shutdown_grace: Duration = "0s"  # type: ignore[assignment]
+    """After a clean stop (SIGTERM) has handed the partitions over, keep serving /metrics
+    this long (``/readyz`` answers 503 "stopped") so that a last scrape sees the final
+    counts; set it to the Prometheus scrape interval when every count matters."""
     session_timeout: PositiveDuration = "45s"  # type: ignore[assignment]
     """A crashed replica's partitions move to the others after this long."""
     exactly_once: bool = True
@@ -159,6 +163,26 @@ class Settings(BaseSettings):
     kafka_ssl_cafile: Path | None = None
     kafka_ssl_certfile: Path | None = None
     kafka_ssl_keyfile: Path | None = None
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        protocol = self.kafka_security_protocol
+        if protocol.startswith("SASL_"):
+            missing = [
+                f"kafka_sasl_{name}"
+                for name in ("mechanism", "username", "password")
+                if getattr(self, f"kafka_sasl_{name}") is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"kafka_security_protocol={protocol} needs {', '.join(missing)} "
+                    "(--kafka-sasl-mechanism, --kafka-sasl-username, --kafka-sasl-password)"
+                )
+        for name in ("cafile", "certfile", "keyfile"):
+            path = getattr(self, f"kafka_ssl_{name}")
+            if path is not None and not path.is_file():
+                raise ValueError(f"kafka_ssl_{name}={str(path)!r} is not a readable file")
+        return self
 
     @model_validator(mode="after")
     def _check_regression(self) -> Settings:

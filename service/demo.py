@@ -167,7 +167,7 @@ def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig)
         "Ctrl-C stops."
     )
     stop = threading.Event()
-    stop_on_signals(stop)
+    stop_on_signals(stop, threading.Event())
     feeder = threading.Thread(target=feed, args=(pipeline, state, sim, clock, stop), daemon=True)
     feeder.start()
     spans = tuple(s for s in config.rolling_ms if s in (3_600_000, 86_400_000))

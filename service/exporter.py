@@ -50,6 +50,8 @@ class SourceHealth:
     last_poll_ms: int | None = None
     assigned: int = 0
     deadletters: int = 0
+    stopped: bool = False
+    """The clean stop finished: nothing is consumed or published any more."""
 
 
 class PipelineCollector(Collector):

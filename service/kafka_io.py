@@ -116,8 +116,12 @@ class KafkaEdge:
             )
         except KafkaError as error:
             raise ConfigError(
-                f"cannot reach Kafka at {settings.kafka_bootstrap_servers} ({error}); check "
-                "--kafka-bootstrap-servers and the --kafka-security-* / --kafka-sasl-* settings"
+                f"cannot connect to Kafka at {settings.kafka_bootstrap_servers} ({error}): "
+                "the broker did not answer, or refused the connection's security (a listener "
+                f"that is not {settings.kafka_security_protocol}, a TLS certificate not "
+                "trusted by --kafka-ssl-cafile, or SASL credentials it does not accept); "
+                "check --kafka-bootstrap-servers and the --kafka-security-* / "
+                "--kafka-ssl-* / --kafka-sasl-* settings (the broker's log names the cause)"
             ) from None
         # Lock order: producer lock, then the pipeline lock. The producer lock serialises
         # every use of the (transactional) producer between this thread and callbacks.
@@ -125,6 +129,9 @@ class KafkaEdge:
         self._unconfirmed: list[ClosedWindow] = []
         self._history: dict[int, list[ClosedWindow]] = {}
         """Windows read back at start, by partition, until the partition is assigned."""
+        self._counted: dict[int, list[int]] = {}
+        """Per partition dropped without a commit: offsets (queries, feedback) below which
+        this process already counted the records; re-reading them counts nothing again."""
         self._needs_rebuild = False
         self._last_commit_ms = 0
         self._last_lag_ms = 0
@@ -165,6 +172,11 @@ class KafkaEdge:
                 self.pipeline.assign(
                     p, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
                 )
+                counted = self._counted.pop(p, None)
+                if counted is not None:  # dead letters of an aborted transaction go again
+                    stream = self.pipeline.streams[p]
+                    merged = zip(counted, stream.counted_from, strict=True)
+                    stream.counted_from = [max(a, b) for a, b in merged]
                 # what earlier owners published and committed (later windows come again)
                 history = self._history.pop(p, [])
                 self.pipeline.restore(
@@ -219,6 +231,7 @@ class KafkaEdge:
             self.publisher.abort()
             with self.lock:
                 self._unconfirmed = []
+                self._remember_counted(partitions)
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
@@ -349,23 +362,22 @@ class KafkaEdge:
         """Drop all state and restart every partition from its last committed offsets."""
         with self.lock:
             partitions = sorted(self.pipeline.streams)
-            # this process counted these records already (its counters live on)
-            counted = {
-                p: [max(s.next_offset[t], s.counted_from[t]) for t in (QUERIES, FEEDBACK)]
-                for p, s in self.pipeline.streams.items()
-            }
+            self._remember_counted(set(partitions))
             for p in partitions:
                 self.pipeline.revoke(p)
             self._unconfirmed = []
         tps = {TopicPartition(t, p) for t in self.topics for p in partitions}
         committed = {tp: self.consumer.committed(tp, metadata=True) for tp in tps}
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
-        with self.lock:
-            for p, marks in counted.items():
-                stream = self.pipeline.streams.get(p)
-                if stream is not None:  # dead letters of the aborted transaction go again
-                    old = stream.counted_from
-                    stream.counted_from = [max(a, b) for a, b in zip(marks, old, strict=True)]
+
+    def _remember_counted(self, partitions: set[int]) -> None:
+        """Before dropping partitions uncommitted: what this process counted already."""
+        for p in partitions:
+            s = self.pipeline.streams.get(p)
+            if s is not None:
+                marks = [max(s.next_offset[t], s.counted_from[t]) for t in (QUERIES, FEEDBACK)]
+                old = self._counted.get(p, marks)
+                self._counted[p] = [max(a, b) for a, b in zip(marks, old, strict=True)]
 
     def _balance(self) -> None:
         """Backpressure: pause a topic partition whose event time runs ahead of the other.
@@ -389,9 +401,8 @@ class KafkaEdge:
                 for topic, other in ((QUERIES, FEEDBACK), (FEEDBACK, QUERIES)):
                     key = (self.topics[topic], p)
                     mine, theirs = wm.max_ts(topic), wm.max_ts(other)
-                    ahead = mine - theirs  # nothing read from the other: far behind
-                    if NEVER in (mine, theirs):
-                        ahead = 2 * lead if mine != NEVER else 0
+                    # before both have been read, the first fetch of the other is due
+                    ahead = 0 if NEVER in (mine, theirs) else mine - theirs
                     behind = lag.get((self.topics[other], p), 1) > 0  # unknown: behind
                     if key in paused:
                         if not behind or ahead <= lead // 2:
@@ -434,18 +445,21 @@ def _unpark(consumer: KafkaConsumer) -> None:
     Records fetched for a partition that is then paused are parked (KAFKA-7548), and the
     partition is not fetched again until they are handed back. ``Fetcher`` hands them
     back only while its in-line slot ``_next_partition_records`` is ``None``, but it
-    leaves drained (falsy) objects there, so a resumed partition could stay parked, and
-    unread, forever (seen here: a feedback partition's position frozen after a resume,
-    its lag never shrinking). A drained slot holds nothing: clearing it before each poll
-    lets that poll hand the parked records back.
+    leaves drained objects there, so a resumed partition could stay parked, and unread,
+    forever (seen here: a feedback partition's position frozen after a resume, its lag
+    never shrinking). Before each poll, parked records of partitions no longer paused
+    are dropped instead: their position never moved past them, so the next fetch reads
+    them again from the broker.
     """
     fetcher = getattr(consumer, "_fetcher", None)
     parked = getattr(fetcher, "_paused_partition_records", None)
     if not parked:
         return
-    slot = fetcher._next_partition_records  # type: ignore[union-attr]
-    if slot is not None and not slot:
-        fetcher._next_partition_records = None  # type: ignore[union-attr]
+    subscription = getattr(consumer, "_subscription", None)
+    if subscription is None:
+        return
+    for tp in [tp for tp in parked if not subscription.is_paused(tp)]:
+        parked.pop(tp).drain()
 
 
 def _names(tps: Iterable[Any]) -> str:

@@ -44,12 +44,15 @@ def serve_http(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, thre
     return server, thread
 
 
-def stop_on_signals(stop: threading.Event) -> None:
-    """SIGTERM and SIGINT set ``stop`` (a second SIGINT exits at once)."""
+def stop_on_signals(stop: threading.Event, again: threading.Event) -> None:
+    """SIGTERM and SIGINT set ``stop``; a second one sets ``again`` (SIGINT: exits at once)."""
 
     def handler(signum: int, _frame: FrameType | None) -> None:
-        if stop.is_set() and signum == signal.SIGINT:
-            raise KeyboardInterrupt
+        if stop.is_set():
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            again.set()  # ends the shutdown grace
+            return
         log.info("received %s; stopping cleanly", signal.Signals(signum).name)
         stop.set()
 
@@ -85,10 +88,17 @@ def run_service(settings: Settings) -> int:
         settings.http_host,
         server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.http_port,
     )
-    stop = threading.Event()
-    stop_on_signals(stop)
+    stop, again = threading.Event(), threading.Event()
+    stop_on_signals(stop, again)
     try:
         edge.run(stop)
+        state.health.stopped = True
+        if settings.shutdown_grace:
+            log.info(
+                "handed over; serving the final /metrics for %d ms (a second SIGTERM ends it)",
+                settings.shutdown_grace,
+            )
+            again.wait(settings.shutdown_grace / 1000)
     finally:
         server.should_exit = True
         thread.join(timeout=5)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -21,6 +22,7 @@ from typing import Any, ClassVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.aggregates import merge
 from service.event_log import evaluate_event_log
 from service.events import FeedbackEvent, QueryEvent
 from service.simulator import (
@@ -309,7 +311,9 @@ def bulk_value(spec: BulkSpec, i: int) -> tuple[str, bytes]:
     query_id = f"{spec.prefix}{i}"
     ts = format_ms(spec.start_ms + i * spec.span_ms // spec.count)
     if spec.kind == "query":
-        results = ",".join(f'"doc-{(i * 7 + r * 131) % 50_000}#{r % 4}"' for r in range(spec.results))
+        results = ",".join(
+            f'"doc-{(i * 7 + r * 131) % 50_000}#{r % 4}"' for r in range(spec.results)
+        )
         text = (
             f'{{"query_id":"{query_id}","timestamp":"{ts}","retriever":"hybrid-v7",'
             f'"results":[{results}],"context_k":5,"segment":"support-kb"}}'
@@ -358,3 +362,100 @@ def produce_bulk(specs: list[BulkSpec]) -> list[tuple[list[int], float]]:
     context = multiprocessing.get_context("spawn")  # no fork of the caller's client threads
     with context.Pool(len(specs)) as pool:
         return pool.map(_produce_bulk, specs)
+
+
+def stop_and_scrape(service: ServiceProcess, timeout_s: float = 90) -> dict[Any, float]:
+    """Clean stop with a last scrape: SIGTERM, wait until the handover is done (``/readyz``
+    says stopped; needs ``shutdown_grace``), scrape ``/metrics``, end the grace."""
+    service.process.send_signal(signal.SIGTERM)
+    service.wait_until(
+        lambda: b"stopped" in service.get("/readyz")[1], timeout_s, "the handover at stop"
+    )
+    samples = service.samples()
+    assert samples, "no final scrape"
+    assert service.stop() == 0, service.tail()  # a second SIGTERM ends the grace
+    return samples
+
+
+def group_assignment(bootstrap: str, group: str) -> dict[str, dict[str, set[int]]]:
+    """Member id -> topic -> partitions, as the group coordinator has them now."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="tests-groups")
+    try:
+        described = admin.describe_groups([group])[group]
+    finally:
+        admin.close()
+    out: dict[str, dict[str, set[int]]] = {}
+    for member in described.get("members", []):
+        assignment = member.get("member_assignment") or {}
+        parts = assignment.get("assigned_partitions", []) if isinstance(assignment, dict) else []
+        out[member["member_id"]] = {p["topic"]: set(p["partitions"]) for p in parts}
+    return out
+
+
+def check_counts(lifetimes: list[dict[Any, float]], expected: dict[str, ClosedWindow]) -> None:
+    """Counter totals summed over process lifetimes equal the offline evaluation."""
+
+    def summed(name: str, **labels: str) -> float:
+        return sum(total(s, name, **labels) for s in lifetimes)
+
+    n_queries = sum(w.queries for w in expected.values())
+    assert summed("retrieval_queries_total") == n_queries
+    assert summed("retrieval_queries_finalized_total") == n_queries
+    assert summed("retrieval_duplicate_events_total") == 0
+    assert summed("retrieval_late_events_total") == 0
+    assert summed("retrieval_windows_published_total") == len(expected)
+    for retriever in ("hybrid-v7", "hybrid-v8"):
+        merged = merge(w.metrics for w in expected.values() if w.retriever == retriever)
+        hits = merged["hit_rate@5"].count
+        assert summed("retrieval_hit_count", retriever=retriever, k="5") == hits
+        assert summed("retrieval_reciprocal_rank_count", retriever=retriever) == merged["mrr"].count
+
+
+def check_windows(topics: Topics, expected: dict[str, ClosedWindow]) -> None:
+    published, versions = published_windows(topics)
+    assert published == expected
+    assert all(len(v) == 1 for v in versions.values()), "a key carried two records"
+    records = read_all(topics.windows, bootstrap=topics.bootstrap)
+    assert len(records) == len(expected), "a window was published twice"
+
+
+class PacedProducer:
+    """Produces events in a thread at ``per_second``, so the stream is live while a test
+    acts on it; ``produced`` counts what was sent (and flushed)."""
+
+    def __init__(self, topics: Topics, events: list[SimEvent], per_second: int) -> None:
+        self.produced = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(
+            target=self._run, args=(topics, events, per_second), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, topics: Topics, events: list[SimEvent], per_second: int) -> None:
+        producer = KafkaProducer(bootstrap_servers=topics.bootstrap, acks="all", linger_ms=5)
+        try:
+            step = max(1, per_second // 20)
+            started = time.monotonic()
+            for i in range(0, len(events), step):
+                for event in events[i : i + step]:
+                    topic = topics.queries if event.topic == "queries" else topics.feedback
+                    producer.send(
+                        topic,
+                        key=event.key.encode(),
+                        value=json.dumps(event.event).encode(),
+                        partition=partition_of(event.key),
+                    )
+                producer.flush()
+                self.produced = min(len(events), i + step)
+                time.sleep(max(0.0, started + self.produced / per_second - time.monotonic()))
+        except BaseException as error:  # reported by join()
+            self.error = error
+        finally:
+            producer.close()
+
+    def join(self, timeout_s: float = 300) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+        assert self.error is None, self.error

@@ -77,7 +77,7 @@ def _run(topics: Topics, tmp_path: Path, name: str, n_queries: int, lead: str) -
 def test_a_leading_topic_is_paused_without_leaving_the_group(
     topics: Topics, tmp_path: Path
 ) -> None:
-    events = traffic(seed=51, hours=6, queries_per_hour=6000)
+    events = traffic(seed=51, hours=8, queries_per_hour=6000)
     expected = expected_windows(events)
     n_queries = sum(1 for e in events if e.topic == "queries")
     feedback = [e for e in events if e.topic == "feedback"]

@@ -101,3 +101,19 @@ def test_password_is_secret_but_reaches_kafka_python(monkeypatch: pytest.MonkeyP
     assert client["sasl_plain_password"] == "hunter2-secret"
     assert client["sasl_mechanism"] == "PLAIN"
     assert client["security_protocol"] == "SASL_PLAINTEXT"
+
+
+def test_sasl_needs_its_three_settings_and_tls_files_must_exist() -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"kafka_security_protocol": "SASL_SSL", "kafka_sasl_username": "m"})
+    message = str(caught.value)
+    assert "kafka_sasl_mechanism, kafka_sasl_password" in message
+    assert "kafka_sasl_username" not in message.split("needs")[1]
+    with pytest.raises(ConfigError, match="not a readable file"):
+        load_settings({"kafka_security_protocol": "SSL", "kafka_ssl_cafile": "/nonexistent/ca.pem"})
+    # a bad password setting never echoes the password
+    with pytest.raises(ConfigError) as caught:
+        load_settings(
+            {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_password": "hunter2-x"}
+        )
+    assert "hunter2-x" not in str(caught.value)

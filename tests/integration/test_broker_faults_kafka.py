@@ -1,0 +1,103 @@
+"""Property 13 (broker faults): the broker restarted cleanly, then killed with -9, mid-stream.
+
+A private broker (the shared one serves the other tests) holds the input. The service
+works through the backlog; a third of the way in the broker is stopped cleanly and
+started again, two thirds of the way in it is killed with SIGKILL and started again
+(its logs are recovered). The service process lives through both: it reconnects, its
+open transaction is aborted or fails and it rebuilds from the last commit. The oracle:
+the windows equal the offline evaluation, each key once, and the counter totals of the
+one process lifetime equal it too.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from kafka.admin import KafkaAdminClient
+
+from tests.integration.conftest import create_topics
+from tests.integration.kafka_helpers import (
+    FAST,
+    ServiceProcess,
+    Topics,
+    check_counts,
+    check_windows,
+    expected_windows,
+    produce,
+    published_windows,
+    stop_and_scrape,
+    total,
+    traffic,
+)
+from tests.integration.private_broker import PrivateBroker
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
+    broker = PrivateBroker(tmp_path_factory.mktemp("broker"))
+    broker.up()
+    yield broker
+    broker.down(wipe=True)
+
+
+def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: Path) -> None:
+    admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="tests-admin")
+    topics = replace(create_topics(admin), bootstrap=broker.bootstrap)
+    admin.close()
+    events = traffic(seed=71, hours=4.0)
+    expected = expected_windows(events)
+    produce(topics, events)
+    n = len(events)
+    settings = {
+        **FAST,
+        "max_poll_records": "100",
+        "commit_interval": "200ms",
+        "shutdown_grace": "60s",
+        "transactional_id": f"{topics.group}-r0",
+    }
+    service = ServiceProcess(topics, tmp_path / "service.log", **settings)
+    service.wait_ready()
+    outages = []
+    for fraction, fault in ((1 / 3, "restart"), (2 / 3, "kill -9")):
+        service.wait_until(
+            lambda f=fraction: total(service.samples(), "retrieval_events_total") >= f * n,
+            120,
+            f"{fraction:.0%} of the records read",
+        )
+        lag = total(service.samples(), "retrieval_consumer_lag")
+        started = time.monotonic()
+        if fault == "restart":
+            broker.down()
+        else:
+            broker.kill9()
+        time.sleep(3)  # the service polls a broker that is not there
+        assert service.process.poll() is None, service.tail()
+        broker.up()
+        outages.append((fault, round(time.monotonic() - started, 1), lag))
+
+    _wait_for_the_end(service, topics, len(expected))
+    final = stop_and_scrape(service)
+    print(
+        f"\nbroker faults {outages} (fault, seconds down, records unread then): "
+        f"{n} records in, {len(expected)} windows expected"
+    )
+    assert all(lag > 0 for _, _, lag in outages), "a fault landed after the stream ended"
+    check_windows(topics, expected)
+    check_counts([final], expected)
+
+
+def _wait_for_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
+    service.wait_until(
+        lambda: (
+            total(service.samples(), "retrieval_pending_queries") == 0
+            and len(published_windows(topics)[0]) >= n_windows
+        ),
+        240,
+        "every window published after the broker faults",
+    )
