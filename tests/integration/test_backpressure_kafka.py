@@ -34,7 +34,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 COPIES = 6
 

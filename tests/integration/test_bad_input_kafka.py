@@ -28,7 +28,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 NOW_S = int(time.time())
 

@@ -35,7 +35,7 @@ from tests.integration.kafka_helpers import (
 )
 from tests.integration.private_broker import PrivateBroker
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 KILLS = 5
 
 

@@ -34,7 +34,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.faults]
 
 REPLICA = {**FAST, "max_poll_records": "100", "commit_interval": "200ms", "shutdown_grace": "60s"}
 
