@@ -459,3 +459,22 @@ class PacedProducer:
         self._thread.join(timeout_s)
         assert not self._thread.is_alive(), "the producer did not finish"
         assert self.error is None, self.error
+
+
+def report_figures(
+    test: str, faults: str, records_in: int, topics: Topics, expected: dict[str, ClosedWindow]
+) -> tuple[int, int]:
+    """Print one line of the fault table in docs/reliability.md; return (lost, duplicated).
+
+    Lost: expected windows missing from the topic or different there (last record per
+    key). Duplicated: window records beyond one per key.
+    """
+    records = read_all(topics.windows, bootstrap=topics.bootstrap)
+    last = {r.key.decode(): ClosedWindow.from_record(json.loads(r.value)) for r in records}
+    lost = sum(1 for key, window in expected.items() if last.get(key) != window)
+    duplicated = len(records) - len(last)
+    print(
+        f"\nFIGURES | {test} | {faults} | {records_in} | {len(records)} | {len(expected)} "
+        f"| {lost} | {duplicated}"
+    )
+    return lost, duplicated

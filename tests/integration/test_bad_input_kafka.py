@@ -23,6 +23,7 @@ from tests.integration.kafka_helpers import (
     produce,
     published_windows,
     read_all,
+    report_figures,
     serve_until_final,
     total,
     traffic,
@@ -77,6 +78,8 @@ def test_poison_records_are_dead_lettered_and_good_ones_processed(
     published, versions = published_windows(topics)
     assert published == expected  # every good record counted, nothing else
     assert all(len(v) == 1 for v in versions.values())
+    poisoned = f"{len(POISON)} bad records"
+    report_figures("poison pills", poisoned, len(events) + len(POISON), topics, expected)
     reasons: dict[str, int] = {}
     for _, _, reason in POISON:
         reasons[reason] = reasons.get(reason, 0) + 1
@@ -113,6 +116,7 @@ def test_every_record_delivered_twice_changes_nothing(topics: Topics, tmp_path: 
     published, versions = published_windows(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
+    report_figures("delivered twice", "every record twice", len(twice), topics, expected)
     assert total(samples, "retrieval_duplicate_events_total", topic=topics.queries) == n_queries
     assert total(samples, "retrieval_queries_total") == n_queries
     assert total(samples, "retrieval_invalid_events_total") == 0

@@ -29,6 +29,7 @@ from tests.integration.kafka_helpers import (
     expected_windows,
     produce,
     published_windows,
+    report_figures,
     stop_and_scrape,
     total,
     traffic,
@@ -90,6 +91,7 @@ def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: P
     assert all(lag > 0 for _, _, lag in outages), "a fault landed after the stream ended"
     check_windows(topics, expected)
     check_counts([final], expected)
+    report_figures("broker faults", "1 clean restart, 1 kill -9", n, topics, expected)
 
 
 def _wait_for_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:

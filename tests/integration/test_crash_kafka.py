@@ -28,6 +28,7 @@ from tests.integration.kafka_helpers import (
     produce,
     published_windows,
     read_all,
+    report_figures,
     run_to_the_end,
     total,
     traffic,
@@ -75,6 +76,8 @@ def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_p
     published, versions = published_windows(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
+    figures = report_figures("five kill -9s", f"{KILLS} SIGKILL", len(events), topics, expected)
+    assert figures == (0, 0)
     print(  # the figures of docs/reliability.md (pytest -s shows them)
         f"{KILLS} kills, {len(events)} records in, {len(keys)} window records out, "
         f"{len(expected)} expected: 0 lost, 0 duplicated"
@@ -117,6 +120,8 @@ def test_crashes_between_publishing_and_committing_repeat_nothing(
     published, versions = published_windows(topics)
     assert published == expected
     assert all(len(v) == 1 for v in versions.values())
+    figures = report_figures("failpoints", "6 SIGKILL at commits", len(events), topics, expected)
+    assert figures == (0, 0)
     print(
         f"6 failpoint kills (windows in flight: {in_flight}), {len(events)} records in, "
         f"{len(keys)} window records out, {len(expected)} expected: 0 lost, 0 duplicated"

@@ -29,6 +29,7 @@ from tests.integration.kafka_helpers import (
     group_assignment,
     produce,
     published_windows,
+    report_figures,
     stop_and_scrape,
     total,
     traffic,
@@ -123,6 +124,7 @@ def test_a_replica_joining_and_leaving_mid_stream_changes_nothing(
     assert watch.violations == []
     check_windows(topics, expected)
     check_counts([a_final, b_final], expected)
+    report_figures("replica joins and leaves", "1 join, 1 leave", n, topics, expected)
 
 
 def test_one_replica_and_two_give_the_same_results(topics: Topics, tmp_path: Path) -> None:
@@ -155,5 +157,7 @@ def test_one_replica_and_two_give_the_same_results(topics: Topics, tmp_path: Pat
     assert published_windows(one)[0] == published_windows(topics)[0]
     check_windows(one, expected)
     check_windows(topics, expected)
+    report_figures("1 replica", "none", len(events), one, expected)
+    report_figures("2 replicas", "2 members, 1 leaves at the end", len(events), topics, expected)
     check_counts([single_final], expected)
     check_counts(pair_final, expected)

@@ -37,6 +37,7 @@ from tests.integration.kafka_helpers import (
     expected_windows,
     produce,
     published_windows,
+    report_figures,
     traffic,
     wait_all_final,
 )
@@ -245,6 +246,7 @@ def test_sasl_plain_run_equals_offline_and_never_shows_the_password(
     assert code == 0, log[-3000:]
 
     check_windows(secure_topics, expected)
+    report_figures("SASL/PLAIN", "none", len(events), secure_topics, expected)
     # the API was read with data in it, and all of it was read
     assert {"/metrics", "/healthz", "/readyz", "/api/v1/windows"} <= set(bodies)
     assert '"retriever":"hybrid-v8"' in bodies["/api/v1/windows"].replace(" ", "")
@@ -276,6 +278,7 @@ def test_tls_run_equals_offline(
         code = service.stop()
     assert code == 0, service.tail()
     check_windows(secure_topics, expected)
+    report_figures("TLS", "none", len(events), secure_topics, expected)
 
 
 def test_wrong_password_and_wrong_ca_fail_clearly_without_echoing_secrets(
@@ -301,7 +304,7 @@ def test_wrong_password_and_wrong_ca_fail_clearly_without_echoing_secrets(
     )
     code, output = wait_exit(bad_password)
     last = output.strip().splitlines()[-1]
-    assert code != 0, output[-3000:]
+    assert code == 2, output[-3000:]  # a configuration error
     assert "Traceback" not in output, output[-3000:]
     # The error names the settings to check. (It does not say "authentication failed":
     # kafka-python retries the bootstrap until its timeout and reports only that; its
@@ -317,7 +320,7 @@ def test_wrong_password_and_wrong_ca_fail_clearly_without_echoing_secrets(
 
     code, output = wait_exit(bad_ca)
     last = output.strip().splitlines()[-1]
-    assert code != 0, output[-3000:]
+    assert code == 2, output[-3000:]  # a configuration error
     assert "Traceback" not in output, output[-3000:]
     assert last.startswith("retrieval-monitor run: error:"), output[-3000:]
     assert "--kafka-security-*" in last, last
