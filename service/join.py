@@ -16,6 +16,7 @@ so that the caller can commit the lowest offset still needed (see ``commit_offse
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,12 +41,21 @@ class JoinConfig:
 class OpenWindow:
     """A window with queries not yet finalised, and the offsets needed to rebuild it."""
 
-    __slots__ = ("cursor", "min_fb_offset", "min_q_offset", "query_ids", "retriever", "segment")
+    __slots__ = (
+        "cursor",
+        "min_fb_offset",
+        "min_q_offset",
+        "offsets",
+        "query_ids",
+        "retriever",
+        "segment",
+    )
 
     def __init__(self, retriever: str, segment: str, first_offset: int) -> None:
         self.retriever = retriever
         self.segment = segment
         self.query_ids: list[str] = []
+        self.offsets = array("q")  # the query offsets, aligned with query_ids
         self.cursor = 0  # query_ids before it were evicted
         self.min_q_offset = first_offset
         self.min_fb_offset = 1 << 62
@@ -152,6 +162,7 @@ class PartitionStream:
         if window is None:
             window = self.windows[key] = OpenWindow(retriever, segment, offset)
         window.query_ids.append(query_id)
+        window.offsets.append(offset)
         query = PendingQuery(ts_ms, results, context_k, window)
         self.pending[query_id] = query
         if count:
@@ -257,26 +268,47 @@ class PartitionStream:
 
     # -- caps ----------------------------------------------------------------------------
 
-    def evict_query(self) -> bool:
-        """Drop the oldest pending query (from the oldest open window); False if none."""
+    def evict_query(self) -> int:
+        """Drop the oldest pending query (from the oldest open window); return its offset,
+        or -1 if there is none.
+
+        The window forgets the evicted ids (so memory stays under the cap) and no longer
+        needs their offsets: the commit moves past them, so a restart neither re-reads
+        nor re-counts them. A window left without queries is dropped.
+        """
         for key in sorted(self.windows, key=lambda k: k[2]):
             window = self.windows[key]
-            while window.cursor < len(window.query_ids):
-                query_id = window.query_ids[window.cursor]
+            ids = window.query_ids
+            while window.cursor < len(ids):
+                query_id = ids[window.cursor]
+                offset = window.offsets[window.cursor]
                 window.cursor += 1
                 query = self.pending.get(query_id)
                 if query is not None and query.window is window:
                     del self.pending[query_id]
-                    return True
-        return False
+                    self._forget_evicted(key, window)
+                    return offset
+            self._forget_evicted(key, window)
+        return -1
 
-    def evict_feedback(self) -> int:
-        """Drop the oldest waiting feedback of one query; return how many events went."""
+    def _forget_evicted(self, key: WindowKey, window: OpenWindow) -> None:
+        ids = window.query_ids
+        if window.cursor >= len(ids):
+            del self.windows[key]
+            return
+        if window.cursor >= 64 and 2 * window.cursor >= len(ids):
+            del ids[: window.cursor]
+            del window.offsets[: window.cursor]
+            window.cursor = 0
+        window.min_q_offset = window.offsets[window.cursor]
+
+    def evict_feedback(self) -> list[Orphan]:
+        """Drop the oldest waiting feedback of one query; return the events that went."""
         if not self.orphans:
-            return 0
+            return []
         _, waiting = self.orphans.popitem(last=False)
         self.n_orphans -= len(waiting)
-        return len(waiting)
+        return waiting
 
     # -- commits -------------------------------------------------------------------------
 

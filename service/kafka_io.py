@@ -412,10 +412,10 @@ class KafkaEdge:
         assigned = self.consumer.assignment()
         if pause := [tp for tp in pause if tp in assigned]:
             self.consumer.pause(*pause)
-            log.info("paused %s: their event time leads the other topic", _names(pause))
+            log.debug("paused %s: their event time leads the other topic", _names(pause))
         if resume := [tp for tp in resume if tp in assigned]:
             self.consumer.resume(*resume)
-            log.info("resumed %s", _names(resume))
+            log.debug("resumed %s", _names(resume))
         self.state.health.paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}
 
     def _update_lag(self) -> None:

@@ -227,8 +227,8 @@ class Pipeline:
             first = self.counts.first_seen_ms.get(retriever)
             if first is None or ts_ms < first:
                 self.counts.first_seen_ms[retriever] = ts_ms
-            if len(stream.pending) * len(self.streams) > self.config.max_pending_queries:
-                self._evict_queries(stream)
+            if self.pending_queries > self.config.max_pending_queries:  # all partitions
+                self._evict_queries()
         return None
 
     def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
@@ -240,8 +240,8 @@ class Pipeline:
             return error
         grade = self.config.labels.grade(event)
         stream.add_feedback(offset, count, event.query_id, ts_ms, hash(event.chunk_id), grade)
-        if stream.n_orphans * len(self.streams) > self.config.max_pending_feedback:
-            self._evict_feedback(stream)
+        if self.pending_feedback > self.config.max_pending_feedback:
+            self._evict_feedback()
         return None
 
     def is_new(self, partition: int, topic: int, offset: int) -> bool:
@@ -256,20 +256,28 @@ class Pipeline:
             self.counts.events[kind] += 1
             self.counts.invalid[kind, reason] += 1
 
-    def _evict_queries(self, stream: PartitionStream) -> None:
-        while self.pending_queries > self.config.max_pending_queries:
-            victim = stream if stream.pending else max(self.streams.values(), key=_n_pending)
-            if not victim.evict_query():
-                return
-            self.counts.evicted["query"] += 1
+    def _evict_queries(self) -> None:
+        """Evict the oldest queries of the fullest partition while the total is over the cap.
 
-    def _evict_feedback(self, stream: PartitionStream) -> None:
+        An eviction is counted once: not again for a record an earlier owner (or an
+        earlier life of this process) already counted.
+        """
+        while self.pending_queries > self.config.max_pending_queries:
+            victim = max(self.streams.values(), key=_n_pending)
+            offset = victim.evict_query()
+            if offset < 0:
+                return
+            if offset >= victim.counted_from[QUERIES]:
+                self.counts.evicted["query"] += 1
+
+    def _evict_feedback(self) -> None:
         while self.pending_feedback > self.config.max_pending_feedback:
-            victim = stream if stream.orphans else max(self.streams.values(), key=_n_orphans)
+            victim = max(self.streams.values(), key=_n_orphans)
             dropped = victim.evict_feedback()
             if not dropped:
                 return
-            self.counts.evicted["feedback"] += dropped
+            counted_from = victim.counted_from[FEEDBACK]
+            self.counts.evicted["feedback"] += sum(1 for o in dropped if o[3] >= counted_from)
 
     # -- time ----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 from kafka import KafkaProducer
+from kafka.errors import KafkaTimeoutError
 
 from service.errors import EventError
 from service.windows import ClosedWindow
@@ -28,6 +29,8 @@ log = logging.getLogger("retrieval_monitor.publisher")
 
 MAX_DEAD_LETTER_BYTES = 512 * 1024
 """Larger bad records are cut (header ``truncated_from``) to stay below the broker limit."""
+TRANSACTION_WAIT_MS = 30_000
+"""How long one transactional request may take before the transaction is given up."""
 
 
 class Publisher:
@@ -55,12 +58,32 @@ class Publisher:
                 "enable_idempotence": True,
                 "transaction_timeout_ms": 60_000,
             }
-        self.producer = KafkaProducer(
-            **client, acks="all", linger_ms=20, client_id="retrieval-monitor-publisher", **extra
-        )
+        self._config = {
+            **client,
+            "acks": "all",
+            "linger_ms": 20,
+            "client_id": "retrieval-monitor-publisher",
+            **extra,
+        }
+        self.producer = self._new_producer()
         self._open = False
-        if transactional:
-            self.producer.init_transactions()
+
+    def _new_producer(self) -> KafkaProducer:
+        producer = KafkaProducer(**self._config)
+        if self.transactional:
+            producer.init_transactions()  # bounded by max_block_ms
+        return producer
+
+    def _step(self, what: str, start: Callable[[], Any]) -> None:
+        """One transactional request, waited for at most ``TRANSACTION_WAIT_MS``.
+
+        ``KafkaProducer``'s own methods wait without a limit; after a broker was killed
+        a request could wait for ever, and the service with it.
+        """
+        result = start()
+        self.producer._sender.wakeup()
+        if not result.wait(timeout_ms=TRANSACTION_WAIT_MS):
+            raise KafkaTimeoutError(f"{what} not answered within {TRANSACTION_WAIT_MS} ms")
 
     def _begin(self) -> None:
         if self.transactional and not self._open:
@@ -110,11 +133,16 @@ class Publisher:
         Raises on failure; the caller then rebuilds its state from the last commit.
         """
         if self.transactional:
+            manager = self.producer._transaction_manager
             if offsets:
                 self._begin()
-                self.producer.send_offsets_to_transaction(offsets, group_metadata())
+                metadata = group_metadata()
+                self._step(
+                    "send_offsets_to_transaction",
+                    lambda: manager.send_offsets_to_transaction(offsets, metadata),
+                )
             if self._open:
-                self.producer.commit_transaction()
+                self._step("commit_transaction", manager.begin_commit)
                 self._open = False
             return
         self.producer.flush()
@@ -122,13 +150,23 @@ class Publisher:
             commit_offsets(offsets)
 
     def abort(self) -> None:
-        """Drop the open transaction (its records are never seen by read_committed readers)."""
+        """Drop the open transaction (its records are never seen by read_committed readers).
+
+        If the abort fails or hangs, the producer is replaced by a new one with the same
+        transactional id: its ``init_transactions`` fences the old one and aborts its
+        transaction on the broker.
+        """
         if self.transactional and self._open:
-            try:
-                self.producer.abort_transaction()
-            except Exception as error:  # the producer may be fenced or closed already
-                log.warning("abort_transaction failed: %s", error)
             self._open = False
+            try:
+                self._step("abort_transaction", self.producer._transaction_manager.begin_abort)
+            except Exception as error:  # fenced, closed, or stuck: start afresh
+                log.warning("abort_transaction failed (%s); replacing the producer", error)
+                try:
+                    self.producer.close(timeout=0)
+                except Exception as close_error:
+                    log.warning("closing the old producer failed: %s", close_error)
+                self.producer = self._new_producer()
 
     def close(self) -> None:
         """Abort what is open and close the producer."""

@@ -425,6 +425,48 @@ def test_pending_query_cap_drops_a_window_whose_queries_were_all_evicted() -> No
     assert (w.key, w.queries) == (key_of(T0 + WINDOW), 3)
 
 
+def test_the_caps_hold_over_all_partitions_together() -> None:
+    """A partition with few pending records must not add over a cap another one filled."""
+    p = Pipeline(
+        PipelineConfig(join=JOIN, ks=KS, max_pending_queries=10, max_pending_feedback=10),
+        now_ms=Clock(NOW),
+    )
+    for partition in (0, 1):
+        p.assign(partition)
+    peak_q = peak_fb = 0
+    for i in range(30):  # 20 on partition 0, then 10 on partition 1
+        partition = 0 if i < 20 else 1
+        p.query(partition, i, query_event(f"q{i}", T0 + i * SEC))
+        p.feedback(partition, i, feedback_event(f"orphan{i}", T0 + i * SEC, "a"))
+        peak_q, peak_fb = max(peak_q, p.pending_queries), max(peak_fb, p.pending_feedback)
+    assert (peak_q, peak_fb) == (10, 10)
+    assert p.counts.evicted == Counter({"query": 20, "feedback": 20})
+    # the oldest (of the fullest partition) went: partition 1 keeps its newest
+    assert len(p.streams[0].pending) + len(p.streams[1].pending) == 10
+
+
+def test_evicted_queries_are_forgotten_and_the_commit_moves_past_them() -> None:
+    h = Harness(max_pending_queries=100)
+    for i in range(1_000):  # one window, far more queries than the cap
+        h.q(f"q{i}", T0 + i)
+    stream = h.p.streams[0]
+    [window] = stream.windows.values()
+    assert len(window.query_ids) - window.cursor == 100
+    assert len(window.query_ids) < 300, "evicted ids are kept: memory grows past the cap"
+    # the oldest query still needed is the 900th: a restart re-reads 100, not 1,000
+    assert stream.commit_offsets()[0] == 900
+
+
+def test_a_restart_does_not_count_evictions_of_re_read_records_again() -> None:
+    p = Pipeline(PipelineConfig(join=JOIN, ks=KS, max_pending_queries=5), now_ms=Clock(NOW))
+    p.assign(0, counted_from=(8, 0))  # an earlier life counted offsets 0..7
+    for i in range(12):
+        p.query(0, i, query_event(f"q{i}", T0 + i))
+    assert p.pending_queries == 5
+    assert p.counts.evicted["query"] == 0  # offsets 0..6 went: all counted before
+    assert p.counts.queries.total() == 4  # offsets 8..11 are new to this process
+
+
 def test_pending_feedback_cap_evicts_the_oldest_orphans() -> None:
     h = Harness(max_pending_feedback=3)
     for i in range(5):
