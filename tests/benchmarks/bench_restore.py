@@ -54,6 +54,7 @@ from tests.integration.kafka_helpers import (  # noqa: E402
     ServiceProcess,
     Topics,
     produce_bulk,
+    rss_bytes,
     total,
 )
 
@@ -62,18 +63,6 @@ SCRAPE_S = 0.25
 
 class BenchError(Exception):
     """A run failed (not a slow figure)."""
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process, from /proc/<pid>/status (0 if unknown)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def state(service: ServiceProcess) -> tuple[float, int, float, float, float] | None:

@@ -87,6 +87,16 @@ def produce(
 ) -> int:
     """Produce simulated events (and optional raw values) co-partitioned by query id."""
     producer = KafkaProducer(bootstrap_servers=topics.bootstrap, acks="all", linger_ms=10)
+    n = send_events(producer, topics, events)
+    for topic, value in raw:
+        producer.send(topic, value=value, partition=0)
+    producer.flush()
+    producer.close()
+    return n
+
+
+def send_events(producer: KafkaProducer, topics: Topics, events: Iterable[SimEvent]) -> int:
+    """Send simulated events co-partitioned by query id (not flushed); return the count."""
     n = 0
     for event in events:
         topic = topics.queries if event.topic == "queries" else topics.feedback
@@ -97,10 +107,6 @@ def produce(
             partition=partition_of(event.key),
         )
         n += 1
-    for topic, value in raw:
-        producer.send(topic, value=value, partition=0)
-    producer.flush()
-    producer.close()
     return n
 
 
@@ -120,6 +126,18 @@ def read_all(topic: str, timeout_s: float = 20, bootstrap: str = BOOTSTRAP) -> l
             records.extend(batch)
     consumer.close()
     return records
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process, from /proc/<pid>/status (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def free_port() -> int:
@@ -264,18 +282,25 @@ def serve_until_final(
         assert service.stop() == 0, service.tail()
 
 
+def wait_all_published(
+    service: ServiceProcess, topics: Topics, n_windows: int, timeout_s: float = 120
+) -> None:
+    """Wait until nothing is pending and every window is on the windows topic."""
+    service.wait_until(
+        lambda: (
+            total(service.samples(), "retrieval_pending_queries") == 0
+            and len(published_windows(topics)[0]) >= n_windows
+        ),
+        timeout_s,
+        "every window published",
+    )
+
+
 def run_to_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
     """Wait until nothing is pending and every window is on the topic; stop cleanly."""
     try:
         service.wait_ready()
-        service.wait_until(
-            lambda: (
-                total(service.samples(), "retrieval_pending_queries") == 0
-                and len(published_windows(topics)[0]) >= n_windows
-            ),
-            120,
-            "every window published",
-        )
+        wait_all_published(service, topics, n_windows)
     finally:
         assert service.stop() == 0, service.tail()
 
@@ -439,14 +464,7 @@ class PacedProducer:
             step = max(1, per_second // 20)
             started = time.monotonic()
             for i in range(0, len(events), step):
-                for event in events[i : i + step]:
-                    topic = topics.queries if event.topic == "queries" else topics.feedback
-                    producer.send(
-                        topic,
-                        key=event.key.encode(),
-                        value=json.dumps(event.event).encode(),
-                        partition=partition_of(event.key),
-                    )
+                send_events(producer, topics, events[i : i + step])
                 producer.flush()
                 self.produced = min(len(events), i + step)
                 time.sleep(max(0.0, started + self.produced / per_second - time.monotonic()))

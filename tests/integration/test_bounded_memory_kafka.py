@@ -43,6 +43,7 @@ from tests.integration.kafka_helpers import (
     ServiceProcess,
     Topics,
     produce_bulk,
+    rss_bytes,
     total,
 )
 
@@ -57,18 +58,6 @@ SAMPLE_S = 0.5
 
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident set size of a process, from /proc/<pid>/status (0 once it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 @dataclass

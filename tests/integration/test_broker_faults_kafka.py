@@ -23,16 +23,15 @@ from tests.integration.conftest import create_topics
 from tests.integration.kafka_helpers import (
     FAST,
     ServiceProcess,
-    Topics,
     check_counts,
     check_windows,
     expected_windows,
     produce,
-    published_windows,
     report_figures,
     stop_and_scrape,
     total,
     traffic,
+    wait_all_published,
 )
 from tests.integration.private_broker import PrivateBroker
 
@@ -82,7 +81,7 @@ def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: P
         broker.up()
         outages.append((fault, round(time.monotonic() - started, 1), unread))
 
-    _wait_for_the_end(service, topics, len(expected))
+    wait_all_published(service, topics, len(expected), timeout_s=240)
     final = stop_and_scrape(service)
     print(
         f"\nbroker faults {outages} (fault, seconds down, records unread then): "
@@ -92,14 +91,3 @@ def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: P
     check_windows(topics, expected)
     check_counts([final], expected)
     report_figures("broker faults", "1 clean restart, 1 kill -9", n, topics, expected)
-
-
-def _wait_for_the_end(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
-    service.wait_until(
-        lambda: (
-            total(service.samples(), "retrieval_pending_queries") == 0
-            and len(published_windows(topics)[0]) >= n_windows
-        ),
-        240,
-        "every window published after the broker faults",
-    )

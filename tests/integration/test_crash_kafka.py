@@ -38,17 +38,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.faults]
 KILLS = 5
 
 
-def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_path: Path) -> None:
-    events = traffic(seed=41, hours=6.0)
-    expected = expected_windows(events)
-    rng = random.Random(41)
-    produce(topics, events)
-    replica = {
+def _replica(topics: Topics) -> dict[str, str]:
+    """Small polls and a 200 ms commit interval: most crashes land inside a transaction.
+    The same transactional id in every process: a restart fences its crashed predecessor."""
+    return {
         **FAST,
         "commit_interval": "200ms",
         "max_poll_records": "100",
         "transactional_id": f"{topics.group}-r0",
     }
+
+
+def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_path: Path) -> None:
+    events = traffic(seed=41, hours=6.0)
+    expected = expected_windows(events)
+    rng = random.Random(41)
+    produce(topics, events)
+    replica = _replica(topics)
     killed_with_work = 0
     for round_ in range(KILLS):
         service = ServiceProcess(topics, tmp_path / f"run{round_}.log", **replica)
@@ -93,12 +99,7 @@ def test_crashes_between_publishing_and_committing_repeat_nothing(
     expected = expected_windows(events)
     rng = random.Random(42)
     produce(topics, events)
-    replica = {
-        **FAST,
-        "commit_interval": "200ms",
-        "max_poll_records": "100",
-        "transactional_id": f"{topics.group}-r0",
-    }
+    replica = _replica(topics)
     in_flight = []
     for round_, point in enumerate(["before-commit", "after-commit"] * 3):
         nth = rng.randint(1, 3)  # the n-th commit with windows: work must remain for it

@@ -33,6 +33,7 @@ from tests.integration.kafka_helpers import (
     stop_and_scrape,
     total,
     traffic,
+    wait_all_published,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults]
@@ -102,14 +103,7 @@ def test_a_replica_joining_and_leaving_mid_stream_changes_nothing(
     b_final = stop_and_scrape(b)  # B leaves mid-stream; A takes its partitions back
     left_at = producer.produced
     producer.join()
-    a.wait_until(
-        lambda: (
-            total(a.samples(), "retrieval_pending_queries") == 0
-            and len(published_windows(topics)[0]) >= len(expected)
-        ),
-        180,
-        "every window published",
-    )
+    wait_all_published(a, topics, len(expected), timeout_s=180)
     a_final = stop_and_scrape(a)
     watch.stop()
 

@@ -28,15 +28,14 @@ from pathlib import Path
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from service.windows import ClosedWindow
 from tests.integration.conftest import create_topics
 from tests.integration.kafka_helpers import (
     FAST,
     ServiceProcess,
     Topics,
+    check_windows,
     expected_windows,
     produce,
-    published_windows,
     report_figures,
     traffic,
     wait_all_final,
@@ -211,14 +210,6 @@ def wait_exit(service: ServiceProcess, timeout_s: float = 150) -> tuple[int, str
         raise AssertionError(f"the service did not give up: {service.tail()}") from None
     code = service.stop()  # already exited: only closes the log
     return code, service.log_path.read_text(errors="replace")
-
-
-def check_windows(topics: Topics, expected: dict[str, ClosedWindow]) -> None:
-    published, versions = published_windows(topics)
-    assert set(published) == set(expected)
-    assert all(len(v) == 1 for v in versions.values()), "a key carried two different records"
-    for key, window in expected.items():
-        assert published[key] == window, key
 
 
 def test_sasl_plain_run_equals_offline_and_never_shows_the_password(
