@@ -115,6 +115,10 @@ class PartitionStream:
 
     # -- records -------------------------------------------------------------------------
 
+    def counted_through(self, topic: int) -> int:
+        """The offset below which every record of ``topic`` has been counted (read or marked)."""
+        return max(self.next_offset[topic], self.counted_from[topic])
+
     def seen(self, topic: int, offset: int, now_ms: int) -> bool:
         """Note a record's offset (valid or not); return whether it is to be counted."""
         if offset >= self.next_offset[topic]:

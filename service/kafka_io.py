@@ -375,7 +375,7 @@ class KafkaEdge:
         for p in partitions:
             s = self.pipeline.streams.get(p)
             if s is not None:
-                marks = [max(s.next_offset[t], s.counted_from[t]) for t in (QUERIES, FEEDBACK)]
+                marks = [s.counted_through(t) for t in (QUERIES, FEEDBACK)]
                 old = self._counted.get(p, marks)
                 self._counted[p] = [max(a, b) for a, b in zip(marks, old, strict=True)]
 

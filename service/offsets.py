@@ -87,7 +87,7 @@ def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
         offset = needed[topic]
         if offset < 0:
             continue
-        counted = max(stream.next_offset[topic], stream.counted_from[topic])
+        counted = stream.counted_through(topic)
         waiting = stream.unclassified_offsets() if topic == FEEDBACK else None
         plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted, waiting))
     return plan
