@@ -25,7 +25,7 @@ import orjson
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, RetriableError
 from kafka.structs import OffsetAndMetadata
 
 from service.config import Settings
@@ -40,6 +40,11 @@ from service.window_history import read_window_history
 from service.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.kafka")
+
+KAFKA_RETRY_S = 1.0
+"""Back-off after a retriable Kafka error (e.g. the broker is restarting) before retrying."""
+COMMITTED_WAIT_MS = 30_000
+"""How long one fetch of the committed offsets may take before it is retried later."""
 
 
 def check_copartitioned(queries: int | None, feedback: int | None, settings: Settings) -> int:
@@ -75,7 +80,14 @@ class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
         tps = set(assigned)
-        committed = await self.edge.consumer._coordinator.fetch_committed_offsets_async(tps)
+        coordinator = self.edge.consumer._coordinator
+        try:
+            committed = await coordinator.fetch_committed_offsets_async(
+                tps, timeout_ms=COMMITTED_WAIT_MS
+            )
+        except KafkaError as error:  # e.g. offsets of a transaction still pending
+            self.edge.take_over_later({tp.partition for tp in tps}, error)
+            return
         self.edge.take_over(tps, committed)
 
     async def on_partitions_lost(self, lost: Any) -> None:
@@ -133,6 +145,8 @@ class KafkaEdge:
         """Per partition dropped without a commit: offsets (queries, feedback) below which
         this process already counted the records; re-reading them counts nothing again."""
         self._needs_rebuild = False
+        self._to_take_over: set[int] = set()
+        """Partitions assigned whose committed offsets could not be fetched yet."""
         self._last_commit_ms = 0
         self._last_lag_ms = 0
 
@@ -162,6 +176,7 @@ class KafkaEdge:
         by_topic = {t: {tp.partition for tp in assigned if tp.topic == t} for t in self.topics}
         if by_topic[self.topics[0]] != by_topic[self.topics[1]]:
             log.error("assignment is not co-partitioned: %s", sorted(map(str, assigned)))
+        self._to_take_over -= partitions
         with self.lock:
             for p in sorted(partitions):
                 if p in self.pipeline.streams:
@@ -193,6 +208,20 @@ class KafkaEdge:
             self.state.health.assigned = len(self.pipeline.streams)
         log.info("assigned partitions %s", sorted(partitions))
 
+    def take_over_later(self, partitions: set[int], error: Exception) -> None:
+        """The committed offsets of newly assigned partitions could not be fetched.
+
+        The loop fetches them again (:meth:`_rebuild`); until then the partitions have no
+        state and their records are skipped (the take-over seeks back to the commit).
+        """
+        log.warning(
+            "fetching the committed offsets of partitions %s failed (%s); retrying",
+            sorted(partitions),
+            error,
+        )
+        self._to_take_over |= partitions
+        self._needs_rebuild = True
+
     def hand_over(self, partitions: set[int]) -> dict[Any, OffsetAndMetadata]:
         """Publish what is closed, commit, and drop the partitions.
 
@@ -218,6 +247,7 @@ class KafkaEdge:
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
+            self._to_take_over -= partitions
             log.info("revoked partitions %s", sorted(partitions))
         return {} if self.publisher.transactional else offsets
 
@@ -235,7 +265,9 @@ class KafkaEdge:
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
-        self._needs_rebuild = self.publisher.transactional and bool(self.pipeline.streams)
+        self._to_take_over -= partitions
+        if self.publisher.transactional and self.pipeline.streams:
+            self._needs_rebuild = True
         log.warning("lost partitions %s; their state was dropped", sorted(partitions))
 
     # -- the loop ------------------------------------------------------------------------
@@ -245,9 +277,15 @@ class KafkaEdge:
         settings = self.settings
         while not stop.is_set():
             _unpark(self.consumer)
-            batch = self.consumer.poll(
-                timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
-            )
+            try:
+                batch = self.consumer.poll(
+                    timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
+                )
+            except RetriableError as error:  # e.g. the broker is down: retry, stay in place
+                log.warning("polling Kafka failed (%s); retrying in %.0f s", error, KAFKA_RETRY_S)
+                self.state.beat()
+                stop.wait(KAFKA_RETRY_S)
+                continue
             now = self.state.wall_ms()
             with self._producer_lock:
                 with self.lock:
@@ -359,15 +397,33 @@ class KafkaEdge:
             self._confirm()
 
     def _rebuild(self) -> None:
-        """Drop all state and restart every partition from its last committed offsets."""
+        """Drop all state and restart every partition from its last committed offsets.
+
+        Also takes over partitions whose committed offsets a rebalance could not fetch.
+        If the fetch fails again (the broker is away), it is retried on a later loop.
+        """
+        if not self.pipeline.streams and not self._to_take_over:
+            return
         with self.lock:
-            partitions = sorted(self.pipeline.streams)
-            self._remember_counted(set(partitions))
-            for p in partitions:
+            dropped = set(self.pipeline.streams)
+            self._remember_counted(dropped)
+            for p in dropped:
                 self.pipeline.revoke(p)
             self._unconfirmed = []
-        tps = {TopicPartition(t, p) for t in self.topics for p in partitions}
-        committed = {tp: self.consumer.committed(tp, metadata=True) for tp in tps}
+            self.state.health.assigned = 0
+        self._to_take_over |= dropped
+        assigned = set(self.consumer.assignment())  # a rebalance may have moved some
+        tps = {tp for tp in assigned if tp.partition in self._to_take_over}
+        try:
+            committed = {
+                tp: self.consumer.committed(tp, metadata=True, timeout_ms=COMMITTED_WAIT_MS)
+                for tp in tps
+            }
+        except KafkaError as error:
+            log.warning("fetching the committed offsets failed (%s); retrying", error)
+            self._needs_rebuild = True
+            return
+        self._to_take_over = set()
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
     def _remember_counted(self, partitions: set[int]) -> None:
@@ -424,7 +480,10 @@ class KafkaEdge:
         unknown: set[tuple[str, int]] = set()
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
-            position = self.consumer.position(tp) if high is not None else None
+            try:  # position() may wait for committed offsets: never for long here
+                position = self.consumer.position(tp, timeout_ms=1000) if high is not None else None
+            except KafkaError:
+                position = None
             if high is None or position is None:
                 unknown.add((tp.topic, tp.partition))  # no fetch response yet
             else:

@@ -15,12 +15,13 @@ Two modes:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 from kafka import KafkaProducer
-from kafka.errors import KafkaTimeoutError
+from kafka.errors import KafkaError, KafkaTimeoutError
 
 from service.errors import EventError
 from service.windows import ClosedWindow
@@ -31,6 +32,8 @@ MAX_DEAD_LETTER_BYTES = 512 * 1024
 """Larger bad records are cut (header ``truncated_from``) to stay below the broker limit."""
 TRANSACTION_WAIT_MS = 30_000
 """How long one transactional request may take before the transaction is given up."""
+REPLACE_WAIT_S = 300.0
+"""How long replacing the producer (the broker may be away) is retried before giving up."""
 
 
 class Publisher:
@@ -67,12 +70,54 @@ class Publisher:
         }
         self.producer = self._new_producer()
         self._open = False
+        self._unanswered = False
+        """A transactional request was given up unanswered: its outcome is unknown."""
 
     def _new_producer(self) -> KafkaProducer:
         producer = KafkaProducer(**self._config)
         if self.transactional:
-            producer.init_transactions()  # bounded by max_block_ms
+            try:
+                producer.init_transactions()  # bounded by max_block_ms
+            except Exception:
+                producer.close(timeout=0)  # nothing sent yet: stops its threads
+                raise
         return producer
+
+    def _replace_producer(self) -> None:
+        """Close the producer and start one with the same transactional id.
+
+        Its ``init_transactions`` fences the old one and makes the broker abort whatever
+        transaction the old one left open, including requests it had queued or sent
+        without an answer. A local abort cannot: it may complete without telling the
+        broker, and the broker then keeps the transaction (and the offsets committed in
+        it, which block every ``read_committed`` fetch of the group's offsets) open.
+        Retried while the broker is away, for at most ``REPLACE_WAIT_S``.
+        """
+        self._discard_producer()
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while True:
+            try:
+                self.producer = self._new_producer()
+                return
+            except KafkaError as error:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("starting a new producer failed (%s); retrying", error)
+                time.sleep(1)
+
+    def _discard_producer(self) -> None:
+        """Stop the producer now, dropping what it has not sent.
+
+        ``close(timeout=0)`` alone does not: it first flushes, which raises while
+        records are pending, and leaves the sender thread running (and retrying).
+        """
+        sender = self.producer._sender
+        sender.force_close()
+        sender.join(5)
+        try:
+            self.producer.close(timeout=0)
+        except Exception as error:
+            log.warning("closing the old producer failed: %s", error)
 
     def _step(self, what: str, start: Callable[[], Any]) -> None:
         """One transactional request, waited for at most ``TRANSACTION_WAIT_MS``.
@@ -83,6 +128,7 @@ class Publisher:
         result = start()
         self.producer._sender.wakeup()
         if not result.wait(timeout_ms=TRANSACTION_WAIT_MS):
+            self._unanswered = True
             raise KafkaTimeoutError(f"{what} not answered within {TRANSACTION_WAIT_MS} ms")
 
     def _begin(self) -> None:
@@ -152,21 +198,22 @@ class Publisher:
     def abort(self) -> None:
         """Drop the open transaction (its records are never seen by read_committed readers).
 
-        If the abort fails or hangs, the producer is replaced by a new one with the same
-        transactional id: its ``init_transactions`` fences the old one and aborts its
-        transaction on the broker.
+        After a request went unanswered, or if the abort fails or hangs, the producer is
+        replaced instead (:meth:`_replace_producer`).
         """
-        if self.transactional and self._open:
-            self._open = False
+        if not (self.transactional and (self._open or self._unanswered)):
+            return
+        self._open = False
+        if self._unanswered:
+            log.warning("a transactional request went unanswered; replacing the producer")
+        else:
             try:
                 self._step("abort_transaction", self.producer._transaction_manager.begin_abort)
+                return
             except Exception as error:  # fenced, closed, or stuck: start afresh
                 log.warning("abort_transaction failed (%s); replacing the producer", error)
-                try:
-                    self.producer.close(timeout=0)
-                except Exception as close_error:
-                    log.warning("closing the old producer failed: %s", close_error)
-                self.producer = self._new_producer()
+        self._unanswered = False
+        self._replace_producer()
 
     def close(self) -> None:
         """Abort what is open and close the producer."""

@@ -7,6 +7,7 @@ closed windows, commits and leaves the group before the server goes down.
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import signal
 import threading
@@ -58,6 +59,8 @@ def stop_on_signals(stop: threading.Event, again: threading.Event) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+    # SIGUSR1 prints every thread's stack to stderr (to see where a stuck loop waits)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def configure_logging(level: str) -> None:

@@ -184,7 +184,17 @@ class ServiceProcess:
             if condition():
                 return
             time.sleep(0.25)
-        raise AssertionError(f"timed out waiting for {what}: {self.tail()}")
+        self.process.send_signal(signal.SIGUSR1)  # the service prints its threads' stacks
+        time.sleep(1)
+        _, body = self.get("/metrics")
+        gauges = [
+            line
+            for line in body.decode(errors="replace").splitlines()
+            if line.startswith(("retrieval_consumer", "retrieval_watermark", "retrieval_pending"))
+        ]
+        raise AssertionError(
+            f"timed out waiting for {what}: {self.tail(200)}\n" + "\n".join(gauges)
+        )
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         self.wait_until(lambda: self.get("/readyz")[0] == 200, timeout_s, "/readyz")
