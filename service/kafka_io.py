@@ -145,8 +145,6 @@ class KafkaEdge:
         """Per partition dropped without a commit: offsets (queries, feedback) below which
         this process already counted the records; re-reading them counts nothing again."""
         self._needs_rebuild = False
-        self._to_take_over: set[int] = set()
-        """Partitions assigned whose committed offsets could not be fetched yet."""
         self._last_commit_ms = 0
         self._last_lag_ms = 0
 
@@ -176,7 +174,6 @@ class KafkaEdge:
         by_topic = {t: {tp.partition for tp in assigned if tp.topic == t} for t in self.topics}
         if by_topic[self.topics[0]] != by_topic[self.topics[1]]:
             log.error("assignment is not co-partitioned: %s", sorted(map(str, assigned)))
-        self._to_take_over -= partitions
         with self.lock:
             for p in sorted(partitions):
                 if p in self.pipeline.streams:
@@ -211,15 +208,15 @@ class KafkaEdge:
     def take_over_later(self, partitions: set[int], error: Exception) -> None:
         """The committed offsets of newly assigned partitions could not be fetched.
 
-        The loop fetches them again (:meth:`_rebuild`); until then the partitions have no
-        state and their records are skipped (the take-over seeks back to the commit).
+        The loop fetches them again (:meth:`_rebuild` takes over every assigned partition
+        without state); until then their records are skipped (the take-over seeks back to
+        the commit).
         """
         log.warning(
             "fetching the committed offsets of partitions %s failed (%s); retrying",
             sorted(partitions),
             error,
         )
-        self._to_take_over |= partitions
         self._needs_rebuild = True
 
     def hand_over(self, partitions: set[int]) -> dict[Any, OffsetAndMetadata]:
@@ -247,7 +244,6 @@ class KafkaEdge:
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
-            self._to_take_over -= partitions
             log.info("revoked partitions %s", sorted(partitions))
         return {} if self.publisher.transactional else offsets
 
@@ -265,7 +261,6 @@ class KafkaEdge:
                 for p in partitions:
                     self.pipeline.revoke(p)
                 self.state.health.assigned = len(self.pipeline.streams)
-        self._to_take_over -= partitions
         if self.publisher.transactional and self.pipeline.streams:
             self._needs_rebuild = True
         log.warning("lost partitions %s; their state was dropped", sorted(partitions))
@@ -399,11 +394,11 @@ class KafkaEdge:
     def _rebuild(self) -> None:
         """Drop all state and restart every partition from its last committed offsets.
 
-        Also takes over partitions whose committed offsets a rebalance could not fetch.
-        If the fetch fails again (the broker is away), it is retried on a later loop.
+        Every partition assigned to the consumer is taken over, so also those whose
+        committed offsets a rebalance could not fetch. If the fetch fails again (the
+        broker is away), it is retried on a later loop, and the partitions stay without
+        state until then.
         """
-        if not self.pipeline.streams and not self._to_take_over:
-            return
         with self.lock:
             dropped = set(self.pipeline.streams)
             self._remember_counted(dropped)
@@ -411,9 +406,9 @@ class KafkaEdge:
                 self.pipeline.revoke(p)
             self._unconfirmed = []
             self.state.health.assigned = 0
-        self._to_take_over |= dropped
-        assigned = set(self.consumer.assignment())  # a rebalance may have moved some
-        tps = {tp for tp in assigned if tp.partition in self._to_take_over}
+        tps = set(self.consumer.assignment())  # a rebalance may have moved some
+        if not tps:
+            return
         try:
             committed = {
                 tp: self.consumer.committed(tp, metadata=True, timeout_ms=COMMITTED_WAIT_MS)
@@ -423,7 +418,6 @@ class KafkaEdge:
             log.warning("fetching the committed offsets failed (%s); retrying", error)
             self._needs_rebuild = True
             return
-        self._to_take_over = set()
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
     def _remember_counted(self, partitions: set[int]) -> None:
