@@ -12,10 +12,10 @@ from service import __version__
 from service.commands import STREAMING_HANDLERS, add_streaming_commands
 from service.config import parse_ks
 from service.errors import ConfigError, RetrievalMonitorError
-from service.golden_io import load_judgments, load_run
-from service.ir_metrics import DEFAULT_KS
-from service.offline import compare, evaluate
-from service.report import find_vs_rank, render_comparison, render_evaluation
+from service.metrics.ir import DEFAULT_KS
+from service.offline.files import load_judgments, load_run
+from service.offline.golden import compare, evaluate
+from service.offline.report import find_vs_rank, render_comparison, render_evaluation
 
 EXIT_BAD_INPUT = 2
 

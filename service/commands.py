@@ -12,17 +12,24 @@ from typing import Any
 
 import orjson
 
+from service.broker.consumer import produce_events
 from service.config import add_settings_flags, parse_duration_ms, settings_from_args
 from service.demo import DemoOptions, run_demo
 from service.errors import ConfigError
-from service.events import parse_aware_ms
-from service.ir_metrics import metric_keys
-from service.kafka_io import produce_events
-from service.pipeline import PipelineConfig
+from service.http.server import run_service
+from service.metrics.ir import metric_keys
 from service.replay import replay
-from service.server import run_service
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
-from service.windows import ClosedWindow
+from service.sim.simulator import (
+    HOUR_MS,
+    HYBRID_V7,
+    HYBRID_V8,
+    SimulationConfig,
+    generate,
+    write_jsonl,
+)
+from service.stream.events import parse_aware_ms
+from service.stream.pipeline import PipelineConfig
+from service.stream.windows import ClosedWindow
 
 
 def _float(text: str) -> float:

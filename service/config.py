@@ -18,7 +18,7 @@ from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_v
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import ConfigError
-from service.ir_metrics import metric_keys, validate_ks
+from service.metrics.ir import metric_keys, validate_ks
 
 ENV_PREFIX = "RETRIEVAL_MONITOR_"
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

@@ -20,16 +20,16 @@ from typing import Annotated, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from service.errors import EventError, InputFileError
-from service.events import (
+from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
     QueryEvent,
     decode_feedback,
     decode_query,
 )
-from service.pipeline import Pipeline, PipelineConfig
-from service.watermark import FEEDBACK, QUERIES
-from service.windows import ClosedWindow
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.watermark import FEEDBACK, QUERIES
+from service.stream.windows import ClosedWindow
 
 ADVANCE_EVERY = 2048
 """Records between watermark advances (finalisation is batched over this many)."""

@@ -32,11 +32,11 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
-from service.aggregates import merge
-from service.events import FeedbackEvent, QueryEvent
-from service.pipeline import Pipeline, PipelineConfig
-from service.simulator import HOUR_MS, HYBRID_V7, SimulationConfig, generate
-from service.windows import ClosedWindow
+from service.metrics.aggregates import merge
+from service.sim.simulator import HOUR_MS, HYBRID_V7, SimulationConfig, generate
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.windows import ClosedWindow
 
 NEW_VERSION = "hybrid-v8"
 STATIC_METRIC = "recall@5"

@@ -58,8 +58,8 @@ def run_variant(variant: str, qrels: Path, run: Path) -> dict[str, float]:
     core = variant.endswith("-core")
     start = time.perf_counter()
     if variant.startswith("ours"):
-        from service.golden_io import load_judgments, load_run
-        from service.offline import evaluate
+        from service.offline.files import load_judgments, load_run
+        from service.offline.golden import evaluate
 
         judgments, ranking = load_judgments(qrels), load_run(run)
         if core:

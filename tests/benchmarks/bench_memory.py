@@ -83,9 +83,9 @@ def result_indexes(rng: random.Random) -> range:
 
 def feed_pipeline(n: int, ids: str, corpus: list[str]) -> tuple[Any, float]:
     """A pipeline holding ``n`` pending queries; return it and the measured RSS growth."""
-    from service.events import QueryEvent
-    from service.join import JoinConfig
-    from service.pipeline import Pipeline, PipelineConfig
+    from service.stream.events import QueryEvent
+    from service.stream.join import JoinConfig
+    from service.stream.pipeline import Pipeline, PipelineConfig
 
     now_ms = START_MS + 86_400_000
     config = PipelineConfig(
@@ -180,7 +180,7 @@ def run_variant(variant: str, n: int, ids: str, traced: bool) -> dict[str, Any]:
     import tracemalloc
 
     corpus = [chunk_id(i) for i in range(CORPUS)]
-    import service.pipeline  # noqa: F401 - imported before the first RSS reading
+    import service.stream.pipeline  # noqa: F401 - imported before the first RSS reading
 
     if traced:
         tracemalloc.start()

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.sim.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
 
 QUERIES_PER_HOUR = 3600.0
 ABANDON_RATE = 0.285
@@ -89,9 +89,9 @@ def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
                     decode_line(raw)
                     n += 1
     else:
-        from service.pipeline import PipelineConfig
         from service.replay import replay
-        from service.windows import ClosedWindow
+        from service.stream.pipeline import PipelineConfig
+        from service.stream.windows import ClosedWindow
 
         finalised = [0]
 
@@ -111,8 +111,8 @@ def profile(path: Path, now_ms: int, top: int = 20) -> None:
     import cProfile
     import pstats
 
-    from service.pipeline import PipelineConfig
     from service.replay import replay
+    from service.stream.pipeline import PipelineConfig
 
     profiler = cProfile.Profile()
     profiler.enable()

@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make the tests package importable
     sys.path.insert(0, str(ROOT))
 
-from service.simulator import (  # noqa: E402
+from service.sim.simulator import (  # noqa: E402
     HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,

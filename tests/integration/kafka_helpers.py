@@ -22,10 +22,8 @@ from typing import Any, ClassVar
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.aggregates import merge
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent
-from service.simulator import (
+from service.metrics.aggregates import merge
+from service.sim.simulator import (
     HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
@@ -33,7 +31,9 @@ from service.simulator import (
     SimulationConfig,
     generate,
 )
-from service.windows import ClosedWindow
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.reference import evaluate_event_log
+from service.stream.windows import ClosedWindow
 
 BOOTSTRAP = os.environ.get("RETRIEVAL_MONITOR_TEST_KAFKA", "127.0.0.1:9092")
 PARTITIONS = 4
@@ -341,7 +341,7 @@ class BulkSpec:
 
 def bulk_value(spec: BulkSpec, i: int) -> tuple[str, bytes]:
     """Event ``i`` of a spec: (query id, JSON bytes)."""
-    from service.simulator import format_ms
+    from service.sim.simulator import format_ms
 
     query_id = f"{spec.prefix}{i}"
     ts = format_ms(spec.start_ms + i * spec.span_ms // spec.count)

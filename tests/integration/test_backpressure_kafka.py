@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from service.simulator import SimEvent
+from service.sim.simulator import SimEvent
 from tests.integration.kafka_helpers import (
     FAST,
     ServiceProcess,

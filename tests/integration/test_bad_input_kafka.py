@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from service.simulator import SimEvent
+from service.sim.simulator import SimEvent
 from tests.integration.kafka_helpers import (
     FAST,
     ServiceProcess,

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from service.simulator import generate
-from service.windows import rfc3339
+from service.sim.simulator import generate
+from service.stream.windows import rfc3339
 from tests.integration.kafka_helpers import ServiceProcess, Topics, deploy_traffic, produce
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from service.aggregates import SCALE, merge
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent
+from service.metrics.aggregates import SCALE, merge
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.reference import evaluate_event_log
 from tests.integration.kafka_helpers import (
     FAST,
     ServiceProcess,

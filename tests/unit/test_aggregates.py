@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.aggregates import SCALE, Moments, aggregate, aggregate_groups
+from service.metrics.aggregates import SCALE, Moments, aggregate, aggregate_groups
 
 
 def test_nan_values_stay_out_and_no_data_has_no_mean() -> None:

@@ -9,14 +9,21 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.aggregates import SCALE, merge
-from service.api import create_app
-from service.events import QueryEvent
-from service.pipeline import Pipeline, PipelineConfig
+from service.http.app import create_app
+from service.http.state import ServiceState
+from service.metrics.aggregates import SCALE, merge
 from service.replay import replay
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
-from service.state import ServiceState
-from service.windows import ClosedWindow
+from service.sim.simulator import (
+    HOUR_MS,
+    HYBRID_V7,
+    HYBRID_V8,
+    SimulationConfig,
+    generate,
+    write_jsonl,
+)
+from service.stream.events import QueryEvent
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.windows import ClosedWindow
 
 START = 1_796_083_200_000
 NOW = START + 10 * 24 * HOUR_MS

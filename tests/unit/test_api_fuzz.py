@@ -16,11 +16,18 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from service.api import create_app
-from service.pipeline import PipelineConfig
+from service.http.app import create_app
+from service.http.state import ServiceState
 from service.replay import replay
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
-from service.state import ServiceState
+from service.sim.simulator import (
+    HOUR_MS,
+    HYBRID_V7,
+    HYBRID_V8,
+    SimulationConfig,
+    generate,
+    write_jsonl,
+)
+from service.stream.pipeline import PipelineConfig
 
 START = 1_796_083_200_000
 NOW = START + 6 * HOUR_MS

@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from service.aggregates import aggregate
-from service.detector import Detector, DetectorConfig, compare_metrics
-from service.stats import holm_adjust, t_sf, welch_test
-from service.windows import ClosedWindow
+from service.detect.detector import Detector, DetectorConfig, compare_metrics
+from service.metrics.aggregates import aggregate
+from service.metrics.stats import holm_adjust, t_sf, welch_test
+from service.stream.windows import ClosedWindow
 
 W = 300_000
 H = 3_600_000

@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from service.errors import EventError
-from service.events import MAX_EVENT_BYTES, decode_feedback, decode_query
-from service.labels import LabelPolicy
+from service.stream.events import MAX_EVENT_BYTES, decode_feedback, decode_query
+from service.stream.labels import LabelPolicy
 
 QUERY = {
     "query_id": "7f3c9a",

@@ -17,14 +17,10 @@ from typing import Any
 
 import pytest
 
-from service.aggregates import Moments
 from service.errors import EventError
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
-from service.join import JoinConfig
-from service.pipeline import Pipeline, PipelineConfig
+from service.metrics.aggregates import Moments
 from service.replay import replay
-from service.simulator import (
+from service.sim.simulator import (
     HOUR_MS,
     SimEvent,
     SimulationConfig,
@@ -33,7 +29,11 @@ from service.simulator import (
     generate,
     write_jsonl,
 )
-from service.windows import ClosedWindow
+from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
+from service.stream.join import JoinConfig
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.reference import evaluate_event_log
+from service.stream.windows import ClosedWindow
 
 SEC = 1_000
 MIN = 60_000

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import yaml
 
-from service.api import create_app
+from service.broker.publisher import TRANSACTION_WAIT_MS
 from service.cli import build_parser
 from service.config import ENV_PREFIX, Settings, parse_duration_ms
-from service.pipeline import Pipeline, PipelineConfig
-from service.publisher import TRANSACTION_WAIT_MS
-from service.state import ServiceState
+from service.http.app import create_app
+from service.http.state import ServiceState
+from service.stream.pipeline import Pipeline, PipelineConfig
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"

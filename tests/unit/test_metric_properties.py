@@ -8,8 +8,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.aggregates import Moments, aggregate, aggregate_groups, merge
-from service.ir_metrics import compute_metrics, judge_batch
+from service.metrics.aggregates import Moments, aggregate, aggregate_groups, merge
+from service.metrics.ir import compute_metrics, judge_batch
 
 KS = (1, 2, 3, 5, 8, 13)
 CHUNKS = [f"c{i}" for i in range(15)]

@@ -13,9 +13,9 @@ import pytest
 
 from service.cli import main
 from service.errors import ConfigError
-from service.golden_io import Run, load_judgments, load_run
-from service.offline import compare, evaluate, evaluate_retriever
-from service.report import find_vs_rank
+from service.offline.files import Run, load_judgments, load_run
+from service.offline.golden import compare, evaluate, evaluate_retriever
+from service.offline.report import find_vs_rank
 
 GOLDEN = Path(__file__).resolve().parents[2] / "examples" / "golden"
 QRELS = GOLDEN / "qrels.jsonl"

@@ -10,16 +10,23 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.api import create_app
 from service.cli import main
-from service.detector import Detector
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent
-from service.pipeline import Pipeline, PipelineConfig
+from service.detect.detector import Detector
+from service.http.app import create_app
+from service.http.state import ServiceState
 from service.replay import replay
-from service.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate, write_jsonl
-from service.state import ServiceState
-from service.windows import ClosedWindow
+from service.sim.simulator import (
+    HOUR_MS,
+    HYBRID_V7,
+    HYBRID_V8,
+    SimulationConfig,
+    generate,
+    write_jsonl,
+)
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.reference import evaluate_event_log
+from service.stream.windows import ClosedWindow
 
 START = 1_796_083_200_000
 DEPLOY = START + 3 * HOUR_MS

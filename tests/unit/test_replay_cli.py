@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent
-from service.windows import ClosedWindow
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.reference import evaluate_event_log
+from service.stream.windows import ClosedWindow
 
 BAD_LINES = [
     b"not json at all",

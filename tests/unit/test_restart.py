@@ -19,15 +19,15 @@ from typing import Any
 
 import pytest
 
-from service.counters import Counts
-from service.event_log import evaluate_event_log
-from service.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
-from service.join import JoinConfig
-from service.offsets import commit_plan, restart_from
-from service.pipeline import Pipeline, PipelineConfig
-from service.simulator import HOUR_MS, SimulationConfig, encode, format_ms, generate
-from service.watermark import FEEDBACK, NEVER, QUERIES
-from service.windows import ClosedWindow
+from service.sim.simulator import HOUR_MS, SimulationConfig, encode, format_ms, generate
+from service.stream.counters import Counts
+from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
+from service.stream.join import JoinConfig
+from service.stream.offsets import commit_plan, restart_from
+from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.reference import evaluate_event_log
+from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.windows import ClosedWindow
 
 MIN = 60_000
 N_PARTITIONS = 2

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from service import simulator
 from service.errors import ConfigError
-from service.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
-from service.simulator import (
+from service.sim import simulator
+from service.sim.simulator import (
     DEFAULT_START_MS,
     HOUR_MS,
     HYBRID_V7,
@@ -34,6 +33,7 @@ from service.simulator import (
     summarize,
     write_jsonl,
 )
+from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
 
 MINUTE_MS = 60_000
 SWITCH_MS = DEFAULT_START_MS + 30 * MINUTE_MS
@@ -77,7 +77,7 @@ def test_sequence_does_not_depend_on_the_process_hash_seed() -> None:
     """Set iteration order changes with PYTHONHASHSEED; the output must not."""
     config = SimulationConfig(duration_ms=10 * MINUTE_MS, unretrieved_citation_rate=1.0)
     code = (
-        "from service.simulator import SimulationConfig\n"
+        "from service.sim.simulator import SimulationConfig\n"
         "from tests.unit.test_simulator import digest\n"
         "print(digest(SimulationConfig(duration_ms=600_000, unretrieved_citation_rate=1.0)))"
     )

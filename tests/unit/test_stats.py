@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.stats import (
+from service.metrics.stats import (
     holm_adjust,
     mean_estimate,
     paired_randomisation_test,

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from service.golden_io import Run, load_judgments, load_run
-from service.ir_metrics import compute_metrics, judge_batch
-from service.offline import evaluate
+from service.metrics.ir import compute_metrics, judge_batch
+from service.offline.files import Run, load_judgments, load_run
+from service.offline.golden import evaluate
 
 KS = (1, 3, 5, 10, 20)
 TREC_NAMES = {"hit_rate": "success", "recall": "recall", "precision": "P", "ndcg": "ndcg_cut"}

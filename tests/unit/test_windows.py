@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from service.aggregates import Moments
-from service.windows import ClosedWindow, ClosedWindows
+from service.metrics.aggregates import Moments
+from service.stream.windows import ClosedWindow, ClosedWindows
 
 W = 300_000
 T0 = 1_796_083_200_000

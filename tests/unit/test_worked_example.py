@@ -6,8 +6,8 @@ from math import log2
 
 import pytest
 
-from service.golden_io import Run
-from service.offline import evaluate
+from service.offline.files import Run
+from service.offline.golden import evaluate
 
 PATTERN = [False, True, False, True, True, False, False, False, True, False]
 KS = (1, 2, 3, 5, 10)

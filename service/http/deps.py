@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from service.config import parse_duration_ms
-from service.state import ServiceState
+from service.http.state import ServiceState
 
 MAX_SPAN_MS = 366 * 86_400_000
 

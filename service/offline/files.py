@@ -29,7 +29,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, 
 from pydantic import Field as PydanticField
 
 from service.errors import InputFileError
-from service.events import ChunkId, NonNegativeInt, ScoredResult, field_path, primary_error
+from service.stream.events import ChunkId, NonNegativeInt, ScoredResult, field_path, primary_error
 
 Judgments = dict[str, dict[str, int]]
 """query id -> chunk id -> grade."""

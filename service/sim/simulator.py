@@ -6,7 +6,7 @@ chunks, grades 1..3). The retriever in service at the query's time (``before``, 
 ``after`` from ``switch_at_ms`` on) returns ``results_per_query`` chunks, placing each
 relevant chunk with probability ``find_rate`` at a rank drawn from a truncated
 geometric distribution (``rank_decay``: P(rank r) ~ rank_decay ** (r - 1)); the rest
-are random corpus chunks. Users then click (see :mod:`service.click_model`), the answer
+are random corpus chunks. Users then click (see :mod:`service.sim.clicks`), the answer
 cites relevant chunks from the first ``context_k`` results, and a few queries are
 judged. Abandoned queries get no feedback at all.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Literal, Protocol
 
-from service.click_model import ClickModel, check_rate, simulate_feedback
 from service.errors import ConfigError
+from service.sim.clicks import ClickModel, check_rate, simulate_feedback
 
 HOUR_MS = 3_600_000
 DEFAULT_START_MS = 1_796_083_200_000

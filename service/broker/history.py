@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from kafka import KafkaConsumer, TopicPartition
 
-from service.windows import ClosedWindow
+from service.stream.windows import ClosedWindow
 
 log = logging.getLogger(__name__)
 

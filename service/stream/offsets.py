@@ -14,8 +14,8 @@ import itertools
 import json
 from dataclasses import dataclass
 
-from service.join import PartitionStream
-from service.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.join import PartitionStream
+from service.stream.watermark import FEEDBACK, NEVER, QUERIES
 
 METADATA_VERSION = 1
 

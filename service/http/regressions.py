@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
-from service.aggregates import MetricAggregates, merge
-from service.api_common import State, span_ms
-from service.detector import Comparison, Regression, compare_metrics
-from service.windows import SliceTotals, duration_label, rfc3339
+from service.detect.detector import Comparison, Regression, compare_metrics
+from service.http.deps import State, span_ms
+from service.metrics.aggregates import MetricAggregates, merge
+from service.stream.windows import SliceTotals, duration_label, rfc3339
 
 router = APIRouter()
 

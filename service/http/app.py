@@ -16,13 +16,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 
 from service import __version__
-from service.aggregates import Moments
-from service.api_common import State, span_ms
-from service.api_regressions import router as regressions_router
-from service.events import parse_aware_ms
-from service.state import ServiceState
-from service.windows import SliceTotals, rfc3339
-from service.windows import duration_label as span_label
+from service.http.deps import State, span_ms
+from service.http.regressions import router as regressions_router
+from service.http.state import ServiceState
+from service.metrics.aggregates import Moments
+from service.stream.events import parse_aware_ms
+from service.stream.windows import SliceTotals, rfc3339
+from service.stream.windows import duration_label as span_label
 
 
 class MetricValue(BaseModel):

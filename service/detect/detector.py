@@ -36,10 +36,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from service.aggregates import Moments
-from service.slice_history import SliceHistory
-from service.stats import WelchResult, holm_adjust, welch_test
-from service.windows import ClosedWindow, SliceKey, duration_label, rfc3339
+from service.detect.history import SliceHistory
+from service.metrics.aggregates import Moments
+from service.metrics.stats import WelchResult, holm_adjust, welch_test
+from service.stream.windows import ClosedWindow, SliceKey, duration_label, rfc3339
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS

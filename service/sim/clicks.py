@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from service.errors import ConfigError
 
 if TYPE_CHECKING:
-    from service.simulator import SimulationConfig
+    from service.sim.simulator import SimulationConfig
 
 LONG_DWELL_MS = 30_000
 """The contract's long-click threshold: a click with at least this dwell has grade 2."""

@@ -5,7 +5,7 @@ member holds the same partition numbers of both (they must have equal partition
 counts; checked at start). Values are read as raw bytes and parsed here, so a poison
 pill is dead-lettered instead of blocking its partition. Auto-commit is off: after
 closed windows are published and flushed, the lowest offsets still needed are
-committed with the restart markers (``service.offsets``).
+committed with the restart markers (``service.stream.offsets``).
 
 Threads: kafka-python runs rebalance callbacks on its IO thread. The pipeline lock is
 never held while this (main) thread waits on the consumer, so a callback that takes
@@ -28,16 +28,16 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, RetriableError
 from kafka.structs import OffsetAndMetadata
 
+from service.broker.failpoints import failpoint
+from service.broker.history import read_window_history
+from service.broker.publisher import Publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
-from service.events import decode_feedback, decode_query
-from service.faults import failpoint
-from service.offsets import commit_plan, restart_from
-from service.publisher import Publisher
-from service.state import ServiceState
-from service.watermark import FEEDBACK, NEVER, QUERIES
-from service.window_history import read_window_history
-from service.windows import ClosedWindow
+from service.http.state import ServiceState
+from service.stream.events import decode_feedback, decode_query
+from service.stream.offsets import commit_plan, restart_from
+from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.kafka")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
-from service.exporter import PipelineCollector, SourceHealth, build_registry
-from service.pipeline import Pipeline
+from service.http.exporter import PipelineCollector, SourceHealth, build_registry
+from service.stream.pipeline import Pipeline
 
 
 @dataclass(slots=True)

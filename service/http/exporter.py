@@ -21,10 +21,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from service.aggregates import SCALE
-from service.counters import FEEDBACK, QUERIES
-from service.pipeline import Pipeline
-from service.windows import duration_label
+from service.metrics.aggregates import SCALE
+from service.stream.counters import FEEDBACK, QUERIES
+from service.stream.pipeline import Pipeline
+from service.stream.windows import duration_label
 
 SUMMARY_FAMILIES = {
     "hit_rate": ("retrieval_hit", "1 if a relevant chunk is in the top k (success@k)"),

@@ -15,19 +15,19 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from service.aggregates import aggregate_groups
 from service.config import Settings
-from service.counters import FEEDBACK as FEEDBACK_KIND
-from service.counters import QUERIES as QUERIES_KIND
-from service.counters import Counts
-from service.detector import Detector, DetectorConfig
+from service.detect.detector import Detector, DetectorConfig
 from service.errors import EventError
-from service.events import FeedbackEvent, QueryEvent, ScoredResult
-from service.ir_metrics import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
-from service.join import JoinConfig, PartitionStream, WindowKey
-from service.labels import LabelPolicy
-from service.watermark import FEEDBACK, NEVER, QUERIES
-from service.windows import ClosedWindow, ClosedWindows
+from service.metrics.aggregates import aggregate_groups
+from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
+from service.stream.counters import FEEDBACK as FEEDBACK_KIND
+from service.stream.counters import QUERIES as QUERIES_KIND
+from service.stream.counters import Counts
+from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
+from service.stream.join import JoinConfig, PartitionStream, WindowKey
+from service.stream.labels import LabelPolicy
+from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.windows import ClosedWindow, ClosedWindows
 
 OTHER = "other"
 _KINDS = (QUERIES_KIND, FEEDBACK_KIND)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from service.aggregates import MetricAggregates, Moments, merge
-from service.events import parse_aware_ms
+from service.metrics.aggregates import MetricAggregates, Moments, merge
+from service.stream.events import parse_aware_ms
 
 SliceKey = tuple[str, str]
 """(retriever, segment)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from service.aggregates import MetricAggregates, merge
+from service.metrics.aggregates import MetricAggregates, merge
 
 QUERIES = "queries"
 FEEDBACK = "feedback"

@@ -14,11 +14,11 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from service.aggregates import aggregate_groups
-from service.events import FeedbackEvent, QueryEvent
-from service.ir_metrics import DEFAULT_KS, compute_metrics, judge_batch
-from service.labels import LabelPolicy
-from service.windows import ClosedWindow, window_start
+from service.metrics.aggregates import aggregate_groups
+from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.labels import LabelPolicy
+from service.stream.windows import ClosedWindow, window_start
 
 
 def evaluate_event_log(

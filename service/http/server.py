@@ -17,11 +17,11 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
-from service.api import create_app
+from service.broker.consumer import KafkaEdge
 from service.config import Settings
-from service.kafka_io import KafkaEdge
-from service.pipeline import Pipeline, PipelineConfig
-from service.state import ServiceState
+from service.http.app import create_app
+from service.http.state import ServiceState
+from service.stream.pipeline import Pipeline, PipelineConfig
 
 log = logging.getLogger("retrieval_monitor")
 

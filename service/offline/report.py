@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.ir_metrics import AT_K_FAMILIES, SINGLE_METRICS
-from service.offline import Comparison, Evaluation
+from service.metrics.ir import AT_K_FAMILIES, SINGLE_METRICS
+from service.offline.golden import Comparison, Evaluation
 
 FOUND_LOW = 0.5
 """recall at the largest k below this: the answer is often not found at all."""

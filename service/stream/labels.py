@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.events import FeedbackEvent
+from service.stream.events import FeedbackEvent
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from service.stats import MeanEstimate, mean_estimate
+from service.metrics.stats import MeanEstimate, mean_estimate
 
 SCALE_BITS = 52
 SCALE = 1 << SCALE_BITS

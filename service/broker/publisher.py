@@ -24,7 +24,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError
 
 from service.errors import EventError
-from service.windows import ClosedWindow
+from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.publisher")
 

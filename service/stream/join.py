@@ -21,10 +21,10 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.counters import FEEDBACK as FEEDBACK_KIND
-from service.counters import QUERIES as QUERIES_KIND
-from service.counters import Counts
-from service.watermark import FEEDBACK, NEVER, QUERIES, PartitionWatermark
+from service.stream.counters import FEEDBACK as FEEDBACK_KIND
+from service.stream.counters import QUERIES as QUERIES_KIND
+from service.stream.counters import Counts
+from service.stream.watermark import FEEDBACK, NEVER, QUERIES, PartitionWatermark
 
 
 @dataclass(frozen=True, slots=True)

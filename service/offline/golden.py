@@ -19,10 +19,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from service.aggregates import MetricAggregates, aggregate
 from service.errors import ConfigError
-from service.golden_io import Judgments, Run
-from service.ir_metrics import (
+from service.metrics.aggregates import MetricAggregates, aggregate
+from service.metrics.ir import (
     DEFAULT_KS,
     FloatArray,
     compute_metrics,
@@ -30,7 +29,8 @@ from service.ir_metrics import (
     metric_keys,
     validate_ks,
 )
-from service.stats import holm_adjust, paired_randomisation_test, sample_estimate
+from service.metrics.stats import holm_adjust, paired_randomisation_test, sample_estimate
+from service.offline.files import Judgments, Run
 
 
 @dataclass(frozen=True)

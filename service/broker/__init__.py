@@ -1,0 +1,1 @@
+"""The Kafka edge (kafka-python): the consumer loop, the commit protocol, publishing."""

@@ -1,0 +1,1 @@
+"""Regression detection on closed windows (deploy comparison and drift): pure."""

@@ -1,0 +1,1 @@
+"""Ranking metrics (trec_eval definitions), exact aggregates and statistics: pure numpy."""

@@ -1,0 +1,1 @@
+"""Synthetic traffic: retriever versions, a click model, citations, judgments."""
