@@ -13,23 +13,22 @@ from typing import Any
 import orjson
 
 from service.broker.consumer import produce_events
-from service.config import add_settings_flags, parse_duration_ms, settings_from_args
+from service.config import add_settings_flags, settings_from_args
 from service.demo import DemoOptions, run_demo
 from service.errors import ConfigError
 from service.http.server import run_service
 from service.metrics.ir import metric_keys
 from service.replay import replay
 from service.sim.simulator import (
-    HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
     SimulationConfig,
     generate,
     write_jsonl,
 )
-from service.stream.events import parse_aware_ms
 from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms
 
 
 def _float(text: str) -> float:

@@ -9,7 +9,6 @@ names stay those of the contract).
 from __future__ import annotations
 
 import argparse
-import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,27 +18,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from service.errors import ConfigError
 from service.metrics.ir import metric_keys, validate_ks
+from service.times import parse_duration_ms
 
 ENV_PREFIX = "RETRIEVAL_MONITOR_"
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
-
-
-def parse_duration_ms(value: object) -> int:
-    """``90s``, ``5m``, ``1h``, ``2d``, ``250ms`` or a number of seconds -> milliseconds."""
-    if isinstance(value, bool):
-        raise ValueError(f"expected a duration such as 90s, 5m, 1h, 2d, got {value!r}")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"a duration cannot be negative, got {value!r}")
-        return round(value * 1000)
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(
-            f"expected a duration such as 90s, 5m, 1h, 2d or a number of seconds, got {value!r}"
-        )
-    number, unit = match.groups()
-    return round(float(number) * _UNITS_MS[unit or "s"])
 
 
 def parse_ks(text: str) -> tuple[int, ...]:

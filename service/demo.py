@@ -19,14 +19,15 @@ from rich.live import Live
 from rich.table import Table
 
 from service.http.app import create_app
-from service.http.server import serve_http, stop_on_signals, wall_ms
+from service.http.server import serve_http, stop_on_signals
 from service.http.state import ServiceState
 from service.metrics.aggregates import merge
-from service.sim.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig
-from service.stream.windows import SliceTotals, rfc3339
-from service.stream.windows import duration_label as span_label
+from service.stream.windows import SliceTotals
+from service.times import HOUR_MS, rfc3339, wall_ms
+from service.times import duration_label as span_label
 
 
 @dataclass(frozen=True, slots=True)

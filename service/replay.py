@@ -28,7 +28,7 @@ from service.stream.events import (
     decode_query,
 )
 from service.stream.pipeline import Pipeline, PipelineConfig
-from service.stream.watermark import FEEDBACK, QUERIES
+from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 
 ADVANCE_EVERY = 2048
@@ -55,7 +55,7 @@ _LINE: TypeAdapter[_QueryLine | _FeedbackLine] = TypeAdapter(
 class LineError(EventError):
     """A bad replay line; ``topic`` is QUERIES or FEEDBACK when the line names one."""
 
-    def __init__(self, reason: str, message: str, topic: int | None = None) -> None:
+    def __init__(self, reason: str, message: str, topic: Topic | None = None) -> None:
         super().__init__(reason, message)
         self.topic = topic
 

@@ -36,7 +36,8 @@ from service.errors import ConfigError, EventError
 from service.http.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.offsets import commit_plan, restart_from
-from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.topics import FEEDBACK, QUERIES
+from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.kafka")

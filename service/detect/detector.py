@@ -39,10 +39,9 @@ from typing import Any
 from service.detect.history import SliceHistory
 from service.metrics.aggregates import Moments
 from service.metrics.stats import WelchResult, holm_adjust, welch_test
-from service.stream.windows import ClosedWindow, SliceKey, duration_label, rfc3339
+from service.stream.windows import ClosedWindow, SliceKey
+from service.times import DAY_MS, HOUR_MS, duration_label, rfc3339
 
-HOUR_MS = 3_600_000
-DAY_MS = 24 * HOUR_MS
 DEPLOY = "deploy"
 DRIFT = "drift"
 

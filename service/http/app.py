@@ -20,9 +20,9 @@ from service.http.deps import State, span_ms
 from service.http.regressions import router as regressions_router
 from service.http.state import ServiceState
 from service.metrics.aggregates import Moments
-from service.stream.events import parse_aware_ms
-from service.stream.windows import SliceTotals, rfc3339
-from service.stream.windows import duration_label as span_label
+from service.stream.windows import SliceTotals
+from service.times import duration_label as span_label
+from service.times import parse_aware_ms, rfc3339
 
 
 class MetricValue(BaseModel):

@@ -6,8 +6,8 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from service.config import parse_duration_ms
 from service.http.state import ServiceState
+from service.times import parse_duration_ms
 
 MAX_SPAN_MS = 366 * 86_400_000
 

@@ -22,9 +22,9 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from service.metrics.aggregates import SCALE
-from service.stream.counters import FEEDBACK, QUERIES
 from service.stream.pipeline import Pipeline
-from service.stream.windows import duration_label
+from service.stream.topics import TOPICS, Topic
+from service.times import duration_label
 
 SUMMARY_FAMILIES = {
     "hit_rate": ("retrieval_hit", "1 if a relevant chunk is in the top k (success@k)"),
@@ -61,7 +61,7 @@ class PipelineCollector(Collector):
         self,
         pipeline: Pipeline,
         lock: threading.Lock,
-        topic_names: Mapping[str, str],
+        topic_names: tuple[str, str],
         health: SourceHealth,
         extra: Callable[[], Iterator[Metric]] | None = None,
     ) -> None:
@@ -300,9 +300,9 @@ class PipelineCollector(Collector):
         yield from (flag, delta, p_value)
 
 
-def _by_topic(name: str, doc: str, counts: Mapping[str, int], topics: Mapping[str, str]) -> Metric:
+def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[str, str]) -> Metric:
     family = CounterMetricFamily(name, doc, labels=["topic"])
-    for kind in (QUERIES, FEEDBACK):
+    for kind in TOPICS:
         family.add_metric([topics[kind]], counts.get(kind, 0))
     return family
 

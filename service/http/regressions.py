@@ -10,7 +10,8 @@ from pydantic import BaseModel
 from service.detect.detector import Comparison, Regression, compare_metrics
 from service.http.deps import State, span_ms
 from service.metrics.aggregates import MetricAggregates, merge
-from service.stream.windows import SliceTotals, duration_label, rfc3339
+from service.stream.windows import SliceTotals
+from service.times import duration_label, rfc3339
 
 router = APIRouter()
 

@@ -22,13 +22,9 @@ from service.config import Settings
 from service.http.app import create_app
 from service.http.state import ServiceState
 from service.stream.pipeline import Pipeline, PipelineConfig
+from service.times import wall_ms
 
 log = logging.getLogger("retrieval_monitor")
-
-
-def wall_ms() -> int:
-    """Wall-clock milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
 
 
 def serve_http(app: FastAPI, host: str, port: int) -> tuple[uvicorn.Server, threading.Thread]:
@@ -78,7 +74,7 @@ def run_service(settings: Settings) -> int:
     state = ServiceState(
         pipeline,
         wall_ms,
-        topic_names={"queries": settings.queries_topic, "feedback": settings.feedback_topic},
+        topic_names=(settings.queries_topic, settings.feedback_topic),
     )
     edge = KafkaEdge(settings, state)
     edge.start()

@@ -27,9 +27,8 @@ class ServiceState:
     """The loop or the poll is stale when older than this."""
     needs_assignment: bool = True
     """False for the demo and replay, which own their single partition."""
-    topic_names: dict[str, str] = field(
-        default_factory=lambda: {"queries": "retrieval.queries", "feedback": "retrieval.feedback"}
-    )
+    topic_names: tuple[str, str] = ("retrieval.queries", "retrieval.feedback")
+    """The names of the queries and the feedback topic (indexed by ``Topic``)."""
 
     def __post_init__(self) -> None:
         if self.registry is None:

@@ -24,13 +24,12 @@ import os
 import random
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 from service.errors import ConfigError
 from service.sim.clicks import ClickModel, check_rate, simulate_feedback
+from service.times import HOUR_MS, rfc3339_millis
 
-HOUR_MS = 3_600_000
 DEFAULT_START_MS = 1_796_083_200_000
 """2026-12-01T00:00:00Z."""
 CHUNKS_PER_DOC = 8
@@ -180,12 +179,6 @@ class SimulationConfig:
         return replace(self.after, find_rate=max(0.0, self.after.find_rate - self.quality_drop))
 
 
-def format_ms(timestamp_ms: int) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. ``2026-12-01T00:00:00.123Z``."""
-    seconds, millis = divmod(timestamp_ms, 1000)
-    return f"{datetime.fromtimestamp(seconds, UTC):%Y-%m-%dT%H:%M:%S}.{millis:03d}Z"
-
-
 def _chunk_id(index: int) -> str:
     return f"doc-{index // CHUNKS_PER_DOC}#{index % CHUNKS_PER_DOC}"
 
@@ -255,7 +248,7 @@ class _Simulator:
         results = self.results(profile, relevant)
         body: dict[str, object] = {
             "query_id": query_id,
-            "timestamp": format_ms(timestamp_ms),
+            "timestamp": rfc3339_millis(timestamp_ms),
             "retriever": profile.name,
             "results": results,
             "context_k": c.context_k,
@@ -274,7 +267,7 @@ class _Simulator:
                 fb_ms = timestamp_ms + delay_ms
                 fb: dict[str, object] = {
                     "query_id": query_id,
-                    "timestamp": format_ms(fb_ms),
+                    "timestamp": rfc3339_millis(fb_ms),
                     "chunk_id": chunk,
                     "signal": signal,
                     **extra,

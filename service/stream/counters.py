@@ -1,8 +1,8 @@
 """Plain counters of what the pipeline saw and did, read by the Prometheus collector.
 
 The pure core only adds to these; ``exporter.py`` turns them into series at each scrape.
-Counters keyed by topic use the kinds ``queries`` and ``feedback``; the exporter maps
-them to the configured topic names.
+Counters keyed by topic use :class:`~service.stream.topics.Topic`; the exporter maps
+it to the configured topic names.
 """
 
 from __future__ import annotations
@@ -11,20 +11,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from service.metrics.aggregates import MetricAggregates, merge
-
-QUERIES = "queries"
-FEEDBACK = "feedback"
+from service.stream.topics import Topic
 
 
 @dataclass(slots=True)
 class Counts:
     """Cumulative counts since the process started (only records not counted before)."""
 
-    events: Counter[str] = field(default_factory=Counter)
-    invalid: Counter[tuple[str, str]] = field(default_factory=Counter)
+    events: Counter[Topic] = field(default_factory=Counter)
+    invalid: Counter[tuple[Topic, str]] = field(default_factory=Counter)
     unmatched: Counter[str] = field(default_factory=Counter)
-    late: Counter[str] = field(default_factory=Counter)
-    duplicates: Counter[str] = field(default_factory=Counter)
+    late: Counter[Topic] = field(default_factory=Counter)
+    duplicates: Counter[Topic] = field(default_factory=Counter)
     duplicate_results: int = 0
     evicted: Counter[str] = field(default_factory=Counter)
     queries: Counter[tuple[str, str]] = field(default_factory=Counter)

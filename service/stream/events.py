@@ -8,7 +8,6 @@ dead-letter header) and a message that names the field and says how to fix it.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import (
@@ -24,13 +23,12 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from service.errors import EventError
+from service.times import to_epoch_ms
 
 MAX_EVENT_BYTES = 1 << 20
 """Largest accepted encoded event (1 MiB: 1,000 results of 500-character ids fit)."""
 
 MAX_RESULTS = 1000
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 
 QueryId = Annotated[str, StringConstraints(min_length=1, max_length=200, strict=True)]
 ChunkId = Annotated[str, StringConstraints(min_length=1, max_length=500, strict=True)]
@@ -40,20 +38,6 @@ Grade = Annotated[int, Field(ge=0, le=3, strict=True)]
 Signal = Literal["click", "citation", "judgment"]
 
 _MODEL_CONFIG = ConfigDict(frozen=True, extra="ignore", val_temporal_unit="seconds")
-
-
-def to_epoch_ms(moment: datetime) -> int:
-    """Integer milliseconds since the Unix epoch (sub-millisecond digits are floored)."""
-    return (moment - EPOCH) // _MS
-
-
-def parse_aware_ms(text: str) -> int | None:
-    """Epoch milliseconds of an RFC 3339 time with a UTC offset; None for anything else."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    return None if moment.tzinfo is None else to_epoch_ms(moment)
 
 
 class ScoredResult(BaseModel):

@@ -21,10 +21,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.stream.counters import FEEDBACK as FEEDBACK_KIND
-from service.stream.counters import QUERIES as QUERIES_KIND
 from service.stream.counters import Counts
-from service.stream.watermark import FEEDBACK, NEVER, QUERIES, PartitionWatermark
+from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.watermark import NEVER, PartitionWatermark
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,11 +114,11 @@ class PartitionStream:
 
     # -- records -------------------------------------------------------------------------
 
-    def counted_through(self, topic: int) -> int:
+    def counted_through(self, topic: Topic) -> int:
         """The offset below which every record of ``topic`` has been counted (read or marked)."""
         return max(self.next_offset[topic], self.counted_from[topic])
 
-    def seen(self, topic: int, offset: int, now_ms: int) -> bool:
+    def seen(self, topic: Topic, offset: int, now_ms: int) -> bool:
         """Note a record's offset (valid or not); return whether it is to be counted."""
         if offset >= self.next_offset[topic]:
             self.next_offset[topic] = offset + 1
@@ -142,7 +141,7 @@ class PartitionStream:
         start = ts_ms - ts_ms % cfg.window_ms
         if start + cfg.window_ms <= self.published_through_ms:
             if count:  # re-read records of published windows are expected and silent
-                self.counts.late[QUERIES_KIND] += 1
+                self.counts.late[QUERIES] += 1
             else:  # its re-read feedback is then recognised as belonging to a final query
                 self._recent[query_id] = None
                 self._recent_queue.append(
@@ -155,11 +154,11 @@ class PartitionStream:
         self.watermark.observe(QUERIES, ts_ms)
         if self.watermark.value > ts_ms + cfg.attribution_ms:
             if count:
-                self.counts.late[QUERIES_KIND] += 1
+                self.counts.late[QUERIES] += 1
             return False
         if query_id in self.pending:
             if count:
-                self.counts.duplicates[QUERIES_KIND] += 1
+                self.counts.duplicates[QUERIES] += 1
             return False
         key = (retriever, segment, start)
         window = self.windows.get(key)
@@ -191,13 +190,13 @@ class PartitionStream:
         if query is not None:
             if wm > query.ts_ms + cfg.attribution_ms:
                 if count:
-                    self.counts.late[FEEDBACK_KIND] += 1
+                    self.counts.late[FEEDBACK] += 1
             elif not self._attach(query, ts_ms, chunk, grade, offset) and count:
                 self.counts.unmatched["outside_window"] += 1
             return
         if query_id in self._recent:
             if count:
-                self.counts.late[FEEDBACK_KIND] += 1
+                self.counts.late[FEEDBACK] += 1
             return
         if wm > ts_ms + cfg.clock_skew_ms + cfg.attribution_ms:
             if count:  # no query that it could belong to can still be pending

@@ -15,7 +15,8 @@ import json
 from dataclasses import dataclass
 
 from service.stream.join import PartitionStream
-from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.watermark import NEVER
 
 METADATA_VERSION = 1
 
@@ -76,7 +77,7 @@ def restart_from(queries_metadata: str | None, feedback_metadata: str | None) ->
     return Restart(max(q_published, fb_published), (q_counted, fb_counted), fb_waiting)
 
 
-def commit_plan(stream: PartitionStream) -> dict[int, tuple[int, str]]:
+def commit_plan(stream: PartitionStream) -> dict[Topic, tuple[int, str]]:
     """Topic (QUERIES/FEEDBACK) -> (offset to commit, metadata) for one partition.
 
     A topic on which this process has read nothing is left out (its old commit stands).

@@ -20,18 +20,16 @@ from service.detect.detector import Detector, DetectorConfig
 from service.errors import EventError
 from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
-from service.stream.counters import FEEDBACK as FEEDBACK_KIND
-from service.stream.counters import QUERIES as QUERIES_KIND
 from service.stream.counters import Counts
 from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.stream.join import JoinConfig, PartitionStream, WindowKey
 from service.stream.labels import LabelPolicy
-from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows
+from service.times import DAY_MS, HOUR_MS, MINUTE_MS
 
 OTHER = "other"
-_KINDS = (QUERIES_KIND, FEEDBACK_KIND)
-"""Counter keys indexed by the watermark's QUERIES and FEEDBACK."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +42,7 @@ class PipelineConfig:
     max_pending_queries: int = 1_000_000
     max_pending_feedback: int = 1_000_000
     max_label_values: int = 50
-    rolling_ms: tuple[int, ...] = (15 * 60_000, 3_600_000, 86_400_000)
+    rolling_ms: tuple[int, ...] = (15 * MINUTE_MS, HOUR_MS, DAY_MS)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
 
@@ -189,17 +187,16 @@ class Pipeline:
         return None
 
     def _admit(
-        self, stream: PartitionStream, topic: int, offset: int, ts_ms: int
+        self, stream: PartitionStream, topic: Topic, offset: int, ts_ms: int
     ) -> tuple[bool, EventError | None]:
         """Note a record (counted unless re-read) and apply the timestamp guard."""
         now_ms = self.now_ms()
         count = stream.seen(topic, offset, now_ms)
-        kind = _KINDS[topic]
         if count:
-            self.counts.events[kind] += 1
+            self.counts.events[topic] += 1
         error = self._guard(ts_ms, now_ms)
         if error is not None and count:
-            self.counts.invalid[kind, error.reason] += 1
+            self.counts.invalid[topic, error.reason] += 1
         return count, error
 
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
@@ -244,17 +241,16 @@ class Pipeline:
             self._evict_feedback()
         return None
 
-    def is_new(self, partition: int, topic: int, offset: int) -> bool:
+    def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""
         return offset >= self.streams[partition].dead_letter_from[topic]
 
-    def invalid(self, partition: int, topic: int, offset: int, reason: str) -> None:
+    def invalid(self, partition: int, topic: Topic, offset: int, reason: str) -> None:
         """Count a record that failed validation (the caller dead-letters it)."""
         stream = self.streams[partition]
         if stream.seen(topic, offset, self.now_ms()):
-            kind = _KINDS[topic]
-            self.counts.events[kind] += 1
-            self.counts.invalid[kind, reason] += 1
+            self.counts.events[topic] += 1
+            self.counts.invalid[topic, reason] += 1
 
     def _evict_queries(self) -> None:
         """Evict the oldest queries of the fullest partition while the total is over the cap.
@@ -421,7 +417,7 @@ class Pipeline:
         """How much published history the rolling views and the detector use (plus slack)."""
         d = self.detector.config
         reach = max(d.candidate_ms + d.baseline_ms, d.deploy_watch_ms) + d.window_ms
-        return max(reach, *self.config.rolling_ms) + 2 * d.attribution_ms + 3_600_000
+        return max(reach, *self.config.rolling_ms) + 2 * d.attribution_ms + HOUR_MS
 
     @property
     def watermark_ms(self) -> int | None:

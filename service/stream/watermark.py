@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from service.stream.topics import FEEDBACK, QUERIES, Topic
+
 NEVER = -(1 << 62)
 """A watermark before any event time."""
-
-QUERIES = 0
-FEEDBACK = 1
 
 
 class PartitionWatermark:
@@ -36,19 +35,19 @@ class PartitionWatermark:
         self._backlog = [False, False]
         self.value = NEVER
 
-    def observe(self, topic: int, ts_ms: int) -> None:
+    def observe(self, topic: Topic, ts_ms: int) -> None:
         """A record of ``topic`` (QUERIES or FEEDBACK) with event time ``ts_ms`` arrived."""
         self._max_ts[topic] = max(self._max_ts[topic], ts_ms)
 
-    def touch(self, topic: int, now_ms: int) -> None:
+    def touch(self, topic: Topic, now_ms: int) -> None:
         """A record (valid or not) arrived on ``topic`` at wall time ``now_ms``."""
         self._last_seen[topic] = now_ms
 
-    def set_backlog(self, topic: int, behind: bool) -> None:
+    def set_backlog(self, topic: Topic, behind: bool) -> None:
         """Whether the topic partition still has unread records (then it is never idle)."""
         self._backlog[topic] = behind
 
-    def max_ts(self, topic: int) -> int:
+    def max_ts(self, topic: Topic) -> int:
         """Largest event time seen on the topic (NEVER before the first)."""
         return self._max_ts[topic]
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from service.metrics.aggregates import MetricAggregates, Moments, merge
-from service.stream.events import parse_aware_ms
+from service.times import parse_aware_ms, rfc3339
 
 SliceKey = tuple[str, str]
 """(retriever, segment)."""
@@ -23,23 +22,6 @@ SliceKey = tuple[str, str]
 def window_start(ts_ms: int, size_ms: int) -> int:
     """Start of the epoch-aligned tumbling window that contains ``ts_ms``."""
     return ts_ms - ts_ms % size_ms
-
-
-def duration_label(span_ms: int) -> str:
-    """``15m``, ``1h``, ``24h``: a span as a label value (the ``window`` of a rolling view)."""
-    if span_ms % 3_600_000 == 0:
-        return f"{span_ms // 3_600_000}h"
-    if span_ms % 60_000 == 0:
-        return f"{span_ms // 60_000}m"
-    return f"{span_ms // 1000}s"
-
-
-def rfc3339(ms: int) -> str:
-    """``2026-12-02T08:00:00Z`` (milliseconds shown only when not zero)."""
-    moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
-    if ms % 1000:
-        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from service.metrics.aggregates import merge
-from service.sim.simulator import HOUR_MS, HYBRID_V7, SimulationConfig, generate
+from service.sim.simulator import HYBRID_V7, SimulationConfig, generate
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS
 
 NEW_VERSION = "hybrid-v8"
 STATIC_METRIC = "recall@5"

@@ -31,7 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from service.sim.simulator import HOUR_MS, HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.times import HOUR_MS
 
 QUERIES_PER_HOUR = 3600.0
 ABANDON_RATE = 0.285

@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics.aggregates import merge
 from service.sim.simulator import (
-    HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
     SimEvent,
@@ -34,6 +33,7 @@ from service.sim.simulator import (
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS
 
 BOOTSTRAP = os.environ.get("RETRIEVAL_MONITOR_TEST_KAFKA", "127.0.0.1:9092")
 PARTITIONS = 4
@@ -341,10 +341,10 @@ class BulkSpec:
 
 def bulk_value(spec: BulkSpec, i: int) -> tuple[str, bytes]:
     """Event ``i`` of a spec: (query id, JSON bytes)."""
-    from service.sim.simulator import format_ms
+    from service.times import rfc3339_millis
 
     query_id = f"{spec.prefix}{i}"
-    ts = format_ms(spec.start_ms + i * spec.span_ms // spec.count)
+    ts = rfc3339_millis(spec.start_ms + i * spec.span_ms // spec.count)
     if spec.kind == "query":
         results = ",".join(
             f'"doc-{(i * 7 + r * 131) % 50_000}#{r % 4}"' for r in range(spec.results)

@@ -29,7 +29,7 @@ import yaml
 from kafka.admin import KafkaAdminClient
 
 from service.sim.simulator import generate
-from service.stream.windows import rfc3339
+from service.times import rfc3339
 from tests.integration.conftest import create_topics, delete_topics
 from tests.integration.kafka_helpers import ServiceProcess, Topics, deploy_traffic, produce
 from tests.integration.monitoring_helpers import (

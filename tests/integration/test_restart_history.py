@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from service.sim.simulator import generate
-from service.stream.windows import rfc3339
+from service.times import rfc3339
 from tests.integration.kafka_helpers import ServiceProcess, Topics, deploy_traffic, produce
 
 

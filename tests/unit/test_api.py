@@ -14,7 +14,6 @@ from service.http.state import ServiceState
 from service.metrics.aggregates import SCALE, merge
 from service.replay import replay
 from service.sim.simulator import (
-    HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
     SimulationConfig,
@@ -24,6 +23,7 @@ from service.sim.simulator import (
 from service.stream.events import QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS
 
 START = 1_796_083_200_000
 NOW = START + 10 * 24 * HOUR_MS

@@ -20,7 +20,6 @@ from service.http.app import create_app
 from service.http.state import ServiceState
 from service.replay import replay
 from service.sim.simulator import (
-    HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
     SimulationConfig,
@@ -28,6 +27,7 @@ from service.sim.simulator import (
     write_jsonl,
 )
 from service.stream.pipeline import PipelineConfig
+from service.times import HOUR_MS
 
 START = 1_796_083_200_000
 NOW = START + 6 * HOUR_MS

@@ -21,11 +21,9 @@ from service.errors import EventError
 from service.metrics.aggregates import Moments
 from service.replay import replay
 from service.sim.simulator import (
-    HOUR_MS,
     SimEvent,
     SimulationConfig,
     encode,
-    format_ms,
     generate,
     write_jsonl,
 )
@@ -33,7 +31,9 @@ from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, de
 from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
+from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS, rfc3339_millis
 
 SEC = 1_000
 MIN = 60_000
@@ -74,7 +74,7 @@ def query_event(
 ) -> QueryEvent:
     body: dict[str, Any] = {
         "query_id": query_id,
-        "timestamp": format_ms(ts_ms),
+        "timestamp": rfc3339_millis(ts_ms),
         "retriever": retriever,
         "results": list(results),
         "segment": segment,
@@ -87,7 +87,7 @@ def query_event(
 def feedback_event(
     query_id: str, ts_ms: int, chunk_id: str, signal: str = "click", **extra: int
 ) -> FeedbackEvent:
-    body = {"query_id": query_id, "timestamp": format_ms(ts_ms), "chunk_id": chunk_id}
+    body = {"query_id": query_id, "timestamp": rfc3339_millis(ts_ms), "chunk_id": chunk_id}
     return FeedbackEvent.model_validate({**body, "signal": signal, **extra})
 
 
@@ -142,7 +142,7 @@ def r1(windows: Iterable[ClosedWindow]) -> list[ClosedWindow]:
 def key_of(
     start_ms: int, retriever: str = "r1", segment: str = "default", partition: int = 0
 ) -> str:
-    return f"{retriever}|{segment}|{format_ms(start_ms).replace('.000', '')}|{partition}"
+    return f"{retriever}|{segment}|{rfc3339_millis(start_ms).replace('.000', '')}|{partition}"
 
 
 def moments(window: ClosedWindow, metric: str) -> tuple[int, float]:
@@ -278,7 +278,7 @@ def test_late_feedback_is_counted_and_the_closed_window_does_not_change() -> Non
     [w] = h.advance()
     assert (w.queries, w.labelled, moments(w, "mrr")) == (1, 1, (1, 0.5))
     h.fb("q1", T0 + 2 * SEC, "a")  # inside q1's attribution window, after its window closed
-    assert h.p.counts.late == Counter({"feedback": 1})
+    assert h.p.counts.late == Counter({FEEDBACK: 1})
     assert h.p.counts.unmatched == Counter()
     assert h.p.pending_feedback == 0
     assert h.finish() == []
@@ -294,10 +294,10 @@ def test_late_query_is_counted_and_not_applied() -> None:
     watermark = h.p.watermark_ms
     assert watermark == T0 + WINDOW + ATTR
     h.q("late", T0 + 30 * SEC)  # ts + attribution < watermark
-    assert h.p.counts.late == Counter({"queries": 1})
+    assert h.p.counts.late == Counter({QUERIES: 1})
     assert "late" not in h.p.streams[0].pending
     h.q("not-late", watermark - ATTR)  # ts + attribution == watermark: not yet final
-    assert h.p.counts.late == Counter({"queries": 1})
+    assert h.p.counts.late == Counter({QUERIES: 1})
     assert h.p.counts.queries[("r1", "default")] == 2  # q1 and not-late
     windows = {w.key: w for w in h.finish()}
     assert set(windows) == {key_of(T0 + WINDOW)}
@@ -341,9 +341,9 @@ def test_duplicate_query_is_counted_once_and_ignored() -> None:
     h.q("q1", T0, results=("a", "b"))
     h.fb("q1", T0 + SEC, "b")
     h.q("q1", T0, results=("a", "b"))  # redelivered after its feedback: keeps the label
-    assert h.p.counts.duplicates == Counter({"queries": 1})
+    assert h.p.counts.duplicates == Counter({QUERIES: 1})
     assert h.p.counts.queries == Counter({("r1", "default"): 1})
-    assert h.p.counts.events == Counter({"queries": 2, "feedback": 1})
+    assert h.p.counts.events == Counter({QUERIES: 2, FEEDBACK: 1})
     [w] = h.finish()
     assert (w.queries, w.labelled, moments(w, "mrr")) == (1, 1, (1, 0.5))
 
@@ -375,9 +375,9 @@ def test_far_future_event_is_rejected_and_does_not_move_the_watermark() -> None:
         assert isinstance(error, EventError)
         assert error.reason == "future_timestamp"
     assert h.p.counts.invalid == Counter(
-        {("queries", "future_timestamp"): 1, ("feedback", "future_timestamp"): 1}
+        {(QUERIES, "future_timestamp"): 1, (FEEDBACK, "future_timestamp"): 1}
     )
-    assert h.p.counts.events == Counter({"queries": 1, "feedback": 1})
+    assert h.p.counts.events == Counter({QUERIES: 1, FEEDBACK: 1})
     assert h.advance() == []
     assert h.p.watermark_ms is None
     assert (h.p.pending_queries, h.p.pending_feedback) == (0, 0)

@@ -15,10 +15,11 @@ import yaml
 
 from service.broker.publisher import TRANSACTION_WAIT_MS
 from service.cli import build_parser
-from service.config import ENV_PREFIX, Settings, parse_duration_ms
+from service.config import ENV_PREFIX, Settings
 from service.http.app import create_app
 from service.http.state import ServiceState
 from service.stream.pipeline import Pipeline, PipelineConfig
+from service.times import parse_duration_ms
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "kubernetes"

@@ -16,7 +16,6 @@ from service.http.app import create_app
 from service.http.state import ServiceState
 from service.replay import replay
 from service.sim.simulator import (
-    HOUR_MS,
     HYBRID_V7,
     HYBRID_V8,
     SimulationConfig,
@@ -27,6 +26,7 @@ from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS
 
 START = 1_796_083_200_000
 DEPLOY = START + 3 * HOUR_MS

@@ -19,15 +19,17 @@ from typing import Any
 
 import pytest
 
-from service.sim.simulator import HOUR_MS, SimulationConfig, encode, format_ms, generate
+from service.sim.simulator import SimulationConfig, encode, generate
 from service.stream.counters import Counts
 from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
 from service.stream.join import JoinConfig
 from service.stream.offsets import commit_plan, restart_from
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
-from service.stream.watermark import FEEDBACK, NEVER, QUERIES
+from service.stream.topics import FEEDBACK, QUERIES
+from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS, rfc3339_millis
 
 MIN = 60_000
 N_PARTITIONS = 2
@@ -315,12 +317,22 @@ SMALL = PipelineConfig(
 
 
 def q_event(query_id: str, ts_ms: int) -> QueryEvent:
-    body = {"query_id": query_id, "timestamp": format_ms(ts_ms), "retriever": "r", "results": ["a"]}
+    body = {
+        "query_id": query_id,
+        "timestamp": rfc3339_millis(ts_ms),
+        "retriever": "r",
+        "results": ["a"],
+    }
     return QueryEvent.model_validate(body)
 
 
 def fb_event(query_id: str, ts_ms: int) -> FeedbackEvent:
-    body = {"query_id": query_id, "timestamp": format_ms(ts_ms), "chunk_id": "a", "signal": "click"}
+    body = {
+        "query_id": query_id,
+        "timestamp": rfc3339_millis(ts_ms),
+        "chunk_id": "a",
+        "signal": "click",
+    }
     return FeedbackEvent.model_validate(body)
 
 
