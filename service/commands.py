@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -16,9 +15,10 @@ from service.broker.consumer import produce_events
 from service.config import add_settings_flags, settings_from_args
 from service.demo import DemoOptions, run_demo
 from service.errors import ConfigError
-from service.http.server import run_service
 from service.metrics.ir import metric_keys
+from service.monitor import MonitorConfig
 from service.replay import replay
+from service.run import run_service
 from service.sim.simulator import (
     HYBRID_V7,
     HYBRID_V8,
@@ -26,9 +26,8 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow
-from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms
+from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms, wall_ms
 
 
 def _float(text: str) -> float:
@@ -47,7 +46,7 @@ def _duration_hours(text: str) -> float:
 
 def _start_ms(text: str) -> int:
     """``now``, ``now-6h`` or an RFC 3339 time with an offset."""
-    now = time.time_ns() // 1_000_000
+    now = wall_ms()
     if text == "now":
         return now
     if text.startswith("now-"):
@@ -140,7 +139,7 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         exit_when_done=args.exit_when_done,
     )
-    config = PipelineConfig.from_settings(settings)
+    config = MonitorConfig.from_settings(settings)
     return run_demo(options, settings.http_host, settings.http_port, config)
 
 
@@ -148,13 +147,13 @@ def _replay(args: argparse.Namespace) -> int:
     if args.windows_out == "-" and args.regressions_out == "-":
         raise ConfigError("--windows-out and --regressions-out cannot both be '-' (stdout)")
     settings = settings_from_args(args)
-    config = PipelineConfig.from_settings(settings)
+    config = MonitorConfig.from_settings(settings)
     out = None
     if args.windows_out == "-":
         out = sys.stdout.buffer
     elif args.windows_out:
         out = Path(args.windows_out).open("wb")  # noqa: SIM115 - closed below
-    keys = metric_keys(config.ks)
+    keys = metric_keys(config.pipeline.ks)
 
     def write(windows: list[ClosedWindow]) -> None:
         if out is not None:
@@ -162,22 +161,22 @@ def _replay(args: argparse.Namespace) -> int:
                 out.write(orjson.dumps(window.to_record(keys)) + b"\n")
 
     try:
-        pipeline, report = replay(args.files, config, write)
+        monitor, report = replay(args.files, config, write)
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
     if args.regressions_out:
-        lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in pipeline.detector.opened)
+        lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in monitor.detector.opened)
         if args.regressions_out == "-":
             sys.stdout.buffer.write(lines)
         else:
             Path(args.regressions_out).write_bytes(lines)
-    c = pipeline.counts
+    c = monitor.pipeline.counts
     print(
         f"replayed {report.lines} lines: {report.invalid} invalid, {report.windows} windows, "
         f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
         f"{sum(c.unmatched.values())} unmatched feedback, "
-        f"{len(pipeline.detector.opened)} regressions opened",
+        f"{len(monitor.detector.opened)} regressions opened",
         file=sys.stderr,
     )
     return 0
@@ -186,7 +185,7 @@ def _replay(args: argparse.Namespace) -> int:
 def _simulate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     duration = int(args.hours * HOUR_MS)
-    start = args.start if args.start is not None else time.time_ns() // 1_000_000 - duration
+    start = args.start if args.start is not None else wall_ms() - duration
     deploy = None if args.deploy_at is None else start + int(args.deploy_at * HOUR_MS)
     config = SimulationConfig(
         seed=args.seed,

@@ -20,13 +20,15 @@ from rich.table import Table
 
 from service.http.app import create_app
 from service.http.server import serve_http, stop_on_signals
-from service.http.state import ServiceState
 from service.metrics.aggregates import merge
+from service.monitor import Monitor, MonitorConfig
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.state import ServiceState
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.pipeline import Pipeline
+from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.windows import SliceTotals
-from service.times import HOUR_MS, rfc3339, wall_ms
+from service.times import DAY_MS, HOUR_MS, rfc3339, wall_ms
 from service.times import duration_label as span_label
 
 
@@ -62,7 +64,8 @@ class SimClock:
         return self.fast_until_ms + int(elapsed_ms - fast_ms)
 
 
-def _summary(pipeline: Pipeline, spans_ms: tuple[int, ...]) -> Table:
+def _summary(monitor: Monitor, spans_ms: tuple[int, ...]) -> Table:
+    pipeline = monitor.pipeline
     wm = pipeline.watermark_ms
     table = Table(title=f"watermark {rfc3339(wm) if wm is not None else '-'}", title_justify="left")
     columns = ("window", "retriever", "labelled", "unlabelled", "hit_rate@5", "recall@5", "mrr")
@@ -90,7 +93,7 @@ def _summary(pipeline: Pipeline, spans_ms: tuple[int, ...]) -> Table:
         f"unmatched {sum(c.unmatched.values())}"
     )
     by_slice: dict[tuple[str, str, str], list[str]] = {}
-    for r in sorted(pipeline.detector.open.values(), key=lambda r: r.opened_ms):
+    for r in sorted(monitor.detector.open.values(), key=lambda r: r.opened_ms):
         o = r.opening
         by_slice.setdefault((o.retriever, o.segment, o.baseline), []).append(
             f"{o.metric} {o.delta:+.3f}"
@@ -120,11 +123,13 @@ def feed(
         with state.lock:
             while upcoming is not None and upcoming.arrival_ms <= now:
                 if upcoming.topic == "queries":
-                    pipeline.query(0, offsets[0], QueryEvent.model_validate(upcoming.event))
-                    offsets[0] += 1
+                    event = QueryEvent.model_validate(upcoming.event)
+                    pipeline.query(0, offsets[QUERIES], event)
+                    offsets[QUERIES] += 1
                 else:
-                    pipeline.feedback(0, offsets[1], FeedbackEvent.model_validate(upcoming.event))
-                    offsets[1] += 1
+                    feedback = FeedbackEvent.model_validate(upcoming.event)
+                    pipeline.feedback(0, offsets[FEEDBACK], feedback)
+                    offsets[FEEDBACK] += 1
                 upcoming = next(pending, None)
             pipeline.published(pipeline.advance())
             state.health.last_poll_ms = state.wall_ms()
@@ -132,7 +137,7 @@ def feed(
         stop.wait(0.05)
 
 
-def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig) -> int:
+def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) -> int:
     """Simulate, process and serve until the simulation ends (or Ctrl-C)."""
     wall = wall_ms
     start_ms = wall() - int(options.hours * HOUR_MS)
@@ -148,11 +153,13 @@ def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig)
         switch_at_ms=start_ms + int(options.deploy_at_hours * HOUR_MS),
         quality_drop=options.quality_drop,
     )
-    end_ms = sim.end_ms + config.join.attribution_ms + 2 * config.join.window_ms
+    join = config.pipeline.join
+    end_ms = sim.end_ms + join.attribution_ms + 2 * join.window_ms
     clock = SimClock(start_ms, options.speed, end_ms)
-    pipeline = Pipeline(config, clock)
+    monitor = Monitor(config, clock)
+    pipeline = monitor.pipeline
     pipeline.assign(0)
-    state = ServiceState(pipeline, wall, needs_assignment=False)
+    state = ServiceState(monitor, wall, needs_assignment=False)
     state.health.assigned = 1
     server, thread = serve_http(create_app(state), host, port)
     bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
@@ -171,20 +178,20 @@ def run_demo(options: DemoOptions, host: str, port: int, config: PipelineConfig)
     stop_on_signals(stop, threading.Event())
     feeder = threading.Thread(target=feed, args=(pipeline, state, sim, clock, stop), daemon=True)
     feeder.start()
-    spans = tuple(s for s in config.rolling_ms if s in (3_600_000, 86_400_000))
-    spans = spans or tuple(sorted(config.rolling_ms))[-2:]
+    rolling = config.pipeline.rolling_ms
+    spans = tuple(s for s in rolling if s in (HOUR_MS, DAY_MS)) or tuple(sorted(rolling))[-2:]
     try:
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while not stop.is_set():
                 with state.lock:
-                    table = _summary(pipeline, spans)
+                    table = _summary(monitor, spans)
                 if options.live:
                     live.update(table)
                 if options.exit_when_done and clock() >= end_ms:
                     break
                 stop.wait(0.5)
             with state.lock:
-                live.update(_summary(pipeline, spans))
+                live.update(_summary(monitor, spans))
     finally:
         stop.set()
         feeder.join(timeout=5)

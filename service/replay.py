@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Annotated, Literal, TextIO
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from service.errors import EventError, InputFileError
+from service.monitor import Monitor, MonitorConfig
 from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
@@ -27,9 +27,9 @@ from service.stream.events import (
     decode_feedback,
     decode_query,
 )
-from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
+from service.times import wall_ms
 
 ADVANCE_EVERY = 2048
 """Records between watermark advances (finalisation is batched over this many)."""
@@ -110,22 +110,23 @@ def _lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
 
 def replay(
     paths: Iterable[str],
-    config: PipelineConfig,
+    config: MonitorConfig,
     on_windows: Callable[[list[ClosedWindow]], None],
     *,
     now_ms: Callable[[], int] | None = None,
     errors_to: TextIO | None = None,
     max_errors_shown: int = 20,
-) -> tuple[Pipeline, ReplayReport]:
+) -> tuple[Monitor, ReplayReport]:
     """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
 
     Bad lines are reported to ``errors_to`` (default: stderr) with file and line number.
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
-    clock = now_ms or (lambda: time.time_ns() // 1_000_000)
-    pipeline = Pipeline(
-        replace(config, join=replace(config.join, idle_timeout_ms=None)), clock, keep_opened=None
-    )
+    clock = now_ms or wall_ms
+    core = config.pipeline
+    no_idleness = replace(core, join=replace(core.join, idle_timeout_ms=None))
+    monitor = Monitor(replace(config, pipeline=no_idleness), clock, keep_opened=None)
+    pipeline = monitor.pipeline
     pipeline.assign(0)
     report = ReplayReport()
     offsets = [0, 0]
@@ -163,4 +164,4 @@ def replay(
     emit(pipeline.finish())
     if report.invalid > max_errors_shown:
         print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)
-    return pipeline, report
+    return monitor, report

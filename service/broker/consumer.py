@@ -33,7 +33,7 @@ from service.broker.history import read_window_history
 from service.broker.publisher import Publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
-from service.http.state import ServiceState
+from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.offsets import commit_plan, restart_from
 from service.stream.topics import FEEDBACK, QUERIES
@@ -163,7 +163,7 @@ class KafkaEdge:
         self._history = read_window_history(
             self.settings.kafka_client_config(),
             self.settings.windows_topic,
-            self.state.wall_ms() - self.pipeline.history_ms,
+            self.state.wall_ms() - self.state.monitor.history_ms,
         )
         self.consumer.subscribe(list(self.topics), listener=_Listener(self))
 

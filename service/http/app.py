@@ -1,25 +1,30 @@
-"""HTTP (FastAPI): ``/metrics``, health, readiness, rolling metrics and closed windows.
+"""HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows.
 
 Built by an app factory around a :class:`~service.state.ServiceState`; handlers read
 the pipeline under its lock and copy what they need, so a slow client never holds the
 processing loop. Bad query parameters get a 422 with a message, never a 500.
+``/metrics`` is prometheus_client's own exposition: the text format, or OpenMetrics
+when the scraper asks for it, gzip-compressed when it accepts gzip.
 """
 
 from __future__ import annotations
 
+import gzip
+import html
 import re
 from typing import Annotated
 
-from fastapi import FastAPI, HTTPException, Query
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from pydantic import BaseModel
 
 from service import __version__
 from service.http.deps import State, span_ms
+from service.http.exporter import build_registry
 from service.http.regressions import router as regressions_router
-from service.http.state import ServiceState
 from service.metrics.aggregates import Moments
+from service.state import ServiceState
 from service.stream.windows import SliceTotals
 from service.times import duration_label as span_label
 from service.times import parse_aware_ms, rfc3339
@@ -87,6 +92,18 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
     )
 
 
+ROUTES = {
+    "/metrics": "every Prometheus series (which are per replica, which global: docs/streaming.md)",
+    "/healthz": "the processing loop is alive",
+    "/readyz": "partitions assigned and polling recently (503 with a reason otherwise)",
+    "/api/v1/rolling?window=1h": "rolling metrics per retriever and segment, with 95% intervals",
+    "/api/v1/windows": "closed windows (retriever=, segment=, since=)",
+    "/api/v1/compare?baseline=A&candidate=B&window=24h": "two versions, metric by metric",
+    "/api/v1/regressions": "the open regressions",
+    "/docs": "the OpenAPI documentation of the API",
+}
+"""What ``GET /`` links."""
+
 _EPOCH_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{0,9})?")
 
 
@@ -113,13 +130,40 @@ def create_app(state: ServiceState) -> FastAPI:
         description="Live retrieval quality (recall@k, hit rate, MRR, nDCG) from Kafka.",
     )
     app.state.service = state
+    registry = build_registry(state)
+    app.state.registry = registry
+
+    @app.get("/", include_in_schema=False)
+    def index(request: Request) -> Response:
+        """What this service serves, with links (HTML for a browser, JSON otherwise)."""
+        if "text/html" in request.headers.get("accept", ""):
+            items = "".join(
+                f'<li><a href="{path}">{html.escape(path)}</a>: {html.escape(what)}</li>'
+                for path, what in ROUTES.items()
+            )
+            return HTMLResponse(
+                f"<!doctype html><title>retrieval-monitor</title><h1>retrieval-monitor "
+                f"{__version__}</h1><ul>{items}</ul>"
+            )
+        return JSONResponse(
+            {
+                "service": "retrieval-monitor",
+                "version": __version__,
+                "links": [{"href": path, "description": what} for path, what in ROUTES.items()],
+            }
+        )
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics(service: State) -> Response:
-        registry = service.registry
-        if registry is None:  # built in __post_init__
-            raise HTTPException(status_code=503, detail="registry not ready")
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    def metrics(request: Request) -> Response:
+        """Every series, in the format the scraper asks for (``Accept``), gzip if accepted."""
+        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
+        names = request.query_params.getlist("name[]")
+        body = encoder(registry.restricted_registry(names) if names else registry)
+        headers = {}
+        if gzip_accepted(request.headers.get("accept-encoding", "")):
+            body = gzip.compress(body)
+            headers["Content-Encoding"] = "gzip"
+        return Response(body, media_type=content_type, headers=headers)
 
     @app.get("/healthz")
     def healthz(service: State) -> JSONResponse:

@@ -8,9 +8,7 @@ one :class:`~prometheus_client.CollectorRegistry` passed in, never the global on
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
@@ -22,7 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from service.metrics.aggregates import SCALE
-from service.stream.pipeline import Pipeline
+from service.state import ServiceState
 from service.stream.topics import TOPICS, Topic
 from service.times import duration_label
 
@@ -40,44 +38,22 @@ ROLLING_FAMILIES = {
 }
 
 
-@dataclass(slots=True)
-class SourceHealth:
-    """What the Kafka edge (or the demo feeder) reports for exposition and readiness."""
-
-    lag: dict[tuple[str, int], int] = field(default_factory=dict)
-    paused: set[tuple[str, int]] = field(default_factory=set)
-    """Topic partitions paused by backpressure."""
-    last_poll_ms: int | None = None
-    assigned: int = 0
-    deadletters: int = 0
-    stopped: bool = False
-    """The clean stop finished: nothing is consumed or published any more."""
-
-
 class PipelineCollector(Collector):
-    """Every series of the contract, read under the pipeline lock at scrape time."""
+    """Every series of the contract, read under the state's lock at scrape time."""
 
-    def __init__(
-        self,
-        pipeline: Pipeline,
-        lock: threading.Lock,
-        topic_names: tuple[str, str],
-        health: SourceHealth,
-        extra: Callable[[], Iterator[Metric]] | None = None,
-    ) -> None:
-        self.pipeline = pipeline
-        self.lock = lock
-        self.topics = topic_names
-        self.health = health
-        self.extra = extra
+    def __init__(self, state: ServiceState) -> None:
+        self.state = state
+        self.pipeline = state.pipeline
+        self.detector = state.detector
+        self.lock = state.lock
+        self.topics = state.topic_names
+        self.health = state.health
 
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
             metrics += list(self._health()) + list(self._regressions())
         yield from metrics
-        if self.extra is not None:
-            yield from self.extra()
 
     def _counters(self) -> Iterator[Metric]:
         c = self.pipeline.counts
@@ -291,7 +267,7 @@ class PipelineCollector(Collector):
             labels=labels,
         )
         # a replica without partitions says nothing: another one owns the traffic now
-        rows = self.pipeline.detector.snapshot() if self.pipeline.streams else []
+        rows = self.detector.snapshot() if self.pipeline.streams else []
         for key, is_open, comparison in rows:
             values = list(key)
             flag.add_metric(values, 1.0 if is_open else 0.0)
@@ -314,8 +290,8 @@ def _by_label(name: str, doc: str, label: str, counts: Mapping[str, int]) -> Met
     return family
 
 
-def build_registry(collector: PipelineCollector) -> CollectorRegistry:
-    """A fresh registry holding the pipeline collector (never the global default)."""
+def build_registry(state: ServiceState) -> CollectorRegistry:
+    """A fresh registry holding the collector of ``state`` (never the global default)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
+    registry.register(PipelineCollector(state))
     return registry

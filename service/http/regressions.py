@@ -134,7 +134,7 @@ def compare(
             detail=f"window must be at most {duration_label(retention)} (the longest "
             "rolling window kept); raise ROLLING_WINDOWS to compare over longer spans",
         )
-    detector = pipeline.detector.config
+    detector = service.detector.config
     with service.lock:
         wm = pipeline.watermark_ms
         views = {} if wm is None else pipeline.closed.rolling(span, wm)
@@ -159,7 +159,7 @@ def compare(
 def regressions(service: State) -> RegressionsResponse:
     """The open regressions, oldest first."""
     with service.lock:
-        detector = service.pipeline.detector
+        detector = service.detector
         through = detector.through_ms
         rows = [_regression(r) for r in sorted(detector.open.values(), key=lambda r: r.opened_ms)]
     return RegressionsResponse(

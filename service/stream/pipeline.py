@@ -10,13 +10,12 @@ metric core, which is what makes streaming results equal the offline evaluation.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from service.config import Settings
-from service.detect.detector import Detector, DetectorConfig
 from service.errors import EventError
 from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
@@ -44,44 +43,6 @@ class PipelineConfig:
     max_label_values: int = 50
     rolling_ms: tuple[int, ...] = (15 * MINUTE_MS, HOUR_MS, DAY_MS)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
-    detector: DetectorConfig = field(default_factory=DetectorConfig)
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> PipelineConfig:
-        """The core's parameters from the service settings."""
-        return cls(
-            join=JoinConfig(
-                attribution_ms=settings.attribution_window,
-                clock_skew_ms=settings.clock_skew,
-                window_ms=settings.window,
-                max_out_of_orderness_ms=settings.max_out_of_orderness,
-                idle_timeout_ms=settings.idle_timeout,
-            ),
-            ks=settings.ks,
-            max_future_skew_ms=settings.max_future_skew,
-            max_pending_queries=settings.max_pending_queries,
-            max_pending_feedback=settings.max_pending_feedback,
-            max_label_values=settings.max_label_values,
-            rolling_ms=settings.rolling_windows,
-            detector=DetectorConfig(
-                metrics=settings.watched_metrics,
-                window_ms=settings.window,
-                attribution_ms=settings.attribution_window,
-                candidate_ms=_whole_windows(settings.regression_candidate, settings.window),
-                baseline_ms=_whole_windows(settings.regression_baseline, settings.window),
-                deploy_watch_ms=_whole_windows(settings.regression_deploy_watch, settings.window),
-                min_labelled=settings.regression_min_labelled,
-                min_effect=settings.regression_min_effect,
-                alpha=settings.regression_alpha,
-                drift_alpha=settings.regression_drift_alpha,
-                close_after_ms=_whole_windows(settings.regression_close_after, settings.window),
-            ),
-        )
-
-
-def _whole_windows(span_ms: int, window_ms: int) -> int:
-    """A span rounded up to whole windows (the detector compares whole windows)."""
-    return -(-span_ms // window_ms) * window_ms
 
 
 class LabelCap:
@@ -108,6 +69,19 @@ def chunk_hashes(results: Iterable[str | ScoredResult]) -> array[int]:
     return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
 
 
+class WindowSink(Protocol):
+    """What consumes closed windows downstream of the pipeline (the regression detector).
+
+    The stream core never imports the detector: whoever composes the two registers it.
+    """
+
+    def add(self, windows: Sequence[ClosedWindow]) -> None:
+        """Windows that are durable (published and committed, or read back)."""
+
+    def advance(self, closed_through_ms: int) -> object:
+        """Every window ending at or before ``closed_through_ms`` has closed everywhere."""
+
+
 class Pipeline:
     """All partitions assigned to this process, their counters and closed windows."""
 
@@ -116,7 +90,7 @@ class Pipeline:
         config: PipelineConfig,
         now_ms: Callable[[], int],
         counts: Counts | None = None,
-        keep_opened: int | None = 10_000,
+        sinks: Iterable[WindowSink] = (),
     ) -> None:
         self.config = config
         self.now_ms = now_ms
@@ -126,13 +100,8 @@ class Pipeline:
         self.closed = ClosedWindows(config.join.window_ms, max(config.rolling_ms))
         self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
         self._segment = LabelCap("segment", config.max_label_values, self.counts)
-        detector = replace(
-            config.detector,
-            window_ms=config.join.window_ms,
-            attribution_ms=config.join.attribution_ms,
-            metrics=tuple(m for m in config.detector.metrics if m in self.metric_keys) or ("mrr",),
-        )
-        self.detector = Detector(detector, keep_opened=keep_opened)
+        self.sinks: list[WindowSink] = list(sinks)
+        """Told of every durable window and every closed boundary (the detector)."""
         self._closed_through_ms: int | None = None
         """Every window ending at or before this has closed (as of the last advance)."""
         self._confirmed: dict[str, int] = {}
@@ -371,21 +340,24 @@ class Pipeline:
             self.counts.add_published(w.retriever, w.segment, w.metrics)
             self.counts.windows_published += 1
         self.closed.add(windows)
-        self.detector.add(windows)
-        if self._closed_through_ms is not None:
-            self.detector.advance(self._closed_through_ms)
+        for sink in self.sinks:
+            sink.add(windows)
+            if self._closed_through_ms is not None:
+                sink.advance(self._closed_through_ms)
 
     def restore(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows published before this process started (read back from the windows topic).
 
-        They go into the rolling views and the detector's history, not into the counters,
-        which count what this process published (Prometheus sees a restart as a reset).
+        They go into the rolling views and the sinks (the detector's history), not into the
+        counters, which count what this process published (Prometheus sees a restart as a
+        reset).
         """
         windows = [w for w in windows if w.key not in self._confirmed]
         for w in windows:
             self._confirmed[w.key] = w.end_ms
         self.closed.add(windows)
-        self.detector.add(windows)
+        for sink in self.sinks:
+            sink.add(windows)
 
     def _forget_confirmed(self) -> None:
         """Keep the keys of windows that a re-read could still publish again."""
@@ -411,13 +383,6 @@ class Pipeline:
     def pending_feedback(self) -> int:
         """Feedback events waiting for their query, all partitions."""
         return sum(s.n_orphans for s in self.streams.values())
-
-    @property
-    def history_ms(self) -> int:
-        """How much published history the rolling views and the detector use (plus slack)."""
-        d = self.detector.config
-        reach = max(d.candidate_ms + d.baseline_ms, d.deploy_watch_ms) + d.window_ms
-        return max(reach, *self.config.rolling_ms) + 2 * d.attribution_ms + HOUR_MS
 
     @property
     def watermark_ms(self) -> int | None:

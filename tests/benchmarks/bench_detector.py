@@ -33,9 +33,9 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
 from service.metrics.aggregates import merge
+from service.monitor import Monitor, MonitorConfig
 from service.sim.simulator import HYBRID_V7, SimulationConfig, generate
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
 
@@ -92,12 +92,13 @@ def run_one(
 ) -> RunResult:
     sim = simulation(seed, find_drop, queries_per_hour)
     now = [sim.start_ms]
-    config = PipelineConfig()
+    config = MonitorConfig()
     if alpha is not None:
         config = replace(config, detector=replace(config.detector, alpha=alpha))
     if drift_alpha is not None:
         config = replace(config, detector=replace(config.detector, drift_alpha=drift_alpha))
-    pipeline = Pipeline(config, lambda: now[0])
+    monitor = Monitor(config, lambda: now[0])
+    pipeline = monitor.pipeline
     pipeline.assign(0)
     windows: list[ClosedWindow] = []
     offsets = [0, 0]
@@ -118,9 +119,9 @@ def run_one(
     pipeline.published(closed)
     alarms = [
         (r.opening.retriever, r.opening.metric, r.opened_ms, r.opening.kind)
-        for r in pipeline.detector.opened
+        for r in monitor.detector.opened
     ]
-    detector = pipeline.detector.config
+    detector = monitor.detector.config
     static = _static_series(windows, detector.window_ms, detector.attribution_ms)
     means = {}
     for version in (HYBRID_V7.name, NEW_VERSION):

@@ -90,8 +90,8 @@ def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
                     decode_line(raw)
                     n += 1
     else:
+        from service.monitor import MonitorConfig
         from service.replay import replay
-        from service.stream.pipeline import PipelineConfig
         from service.stream.windows import ClosedWindow
 
         finalised = [0]
@@ -100,7 +100,7 @@ def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
             finalised[0] += sum(w.queries for w in windows)
 
         start = time.perf_counter()
-        _, report = replay([str(path)], PipelineConfig(), on_windows, now_ms=lambda: now_ms)
+        _, report = replay([str(path)], MonitorConfig(), on_windows, now_ms=lambda: now_ms)
         n = report.lines
         out.update(invalid=report.invalid, windows=report.windows, finalised=finalised[0])
     seconds = time.perf_counter() - start
@@ -112,12 +112,12 @@ def profile(path: Path, now_ms: int, top: int = 20) -> None:
     import cProfile
     import pstats
 
+    from service.monitor import MonitorConfig
     from service.replay import replay
-    from service.stream.pipeline import PipelineConfig
 
     profiler = cProfile.Profile()
     profiler.enable()
-    replay([str(path)], PipelineConfig(), lambda _: None, now_ms=lambda: now_ms)
+    replay([str(path)], MonitorConfig(), lambda _: None, now_ms=lambda: now_ms)
     profiler.disable()
     stats = pstats.Stats(profiler, stream=sys.stdout)
     stats.strip_dirs().sort_stats("tottime").print_stats(top)

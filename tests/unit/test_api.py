@@ -10,8 +10,8 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.http.app import create_app
-from service.http.state import ServiceState
 from service.metrics.aggregates import SCALE, merge
+from service.monitor import Monitor, MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -20,8 +20,9 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
+from service.state import ServiceState
 from service.stream.events import QueryEvent
-from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
 
@@ -30,7 +31,7 @@ NOW = START + 10 * 24 * HOUR_MS
 
 
 @pytest.fixture(scope="module")
-def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, list[ClosedWindow]]:
+def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Monitor, list[ClosedWindow]]:
     sim = SimulationConfig(
         seed=11,
         start_ms=START,
@@ -43,8 +44,8 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pipeline, list[C
     path = Path(tmp_path_factory.mktemp("api")) / "events.jsonl"
     write_jsonl(generate(sim), path)
     windows: list[ClosedWindow] = []
-    pipeline, _ = replay([str(path)], PipelineConfig(), windows.extend, now_ms=lambda: NOW)
-    return pipeline, windows
+    monitor, _ = replay([str(path)], MonitorConfig(), windows.extend, now_ms=lambda: NOW)
+    return monitor, windows
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -55,16 +56,16 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def _client(pipeline: Pipeline, needs_assignment: bool = False) -> tuple[TestClient, ServiceState]:
-    state = ServiceState(pipeline, lambda: NOW, needs_assignment=needs_assignment)
+def _client(monitor: Monitor, needs_assignment: bool = False) -> tuple[TestClient, ServiceState]:
+    state = ServiceState(monitor, lambda: NOW, needs_assignment=needs_assignment)
     return TestClient(create_app(state)), state
 
 
 def test_summaries_on_metrics_equal_the_published_windows(
-    replayed: tuple[Pipeline, list[ClosedWindow]],
+    replayed: tuple[Monitor, list[ClosedWindow]],
 ) -> None:
-    pipeline, windows = replayed
-    client, _ = _client(pipeline)
+    monitor, windows = replayed
+    client, _ = _client(monitor)
     samples = _samples(client.get("/metrics").text)
     per_retriever: dict[str, list[ClosedWindow]] = defaultdict(list)
     for w in windows:
@@ -99,10 +100,10 @@ def test_summaries_on_metrics_equal_the_published_windows(
 
 
 def test_rolling_api_merges_windows_and_gives_intervals(
-    replayed: tuple[Pipeline, list[ClosedWindow]],
+    replayed: tuple[Monitor, list[ClosedWindow]],
 ) -> None:
-    pipeline, windows = replayed
-    client, _ = _client(pipeline)
+    monitor, windows = replayed
+    client, _ = _client(monitor)
     body = client.get("/api/v1/rolling", params={"window": "24h"}).json()
     assert body["window"] == "24h"
     rows = {(s["retriever"], s["segment"]): s for s in body["slices"]}
@@ -118,9 +119,9 @@ def test_rolling_api_merges_windows_and_gives_intervals(
     assert sum(s["labelled"] for s in short["slices"]) < sum(s["labelled"] for s in body["slices"])
 
 
-def test_windows_api_filters(replayed: tuple[Pipeline, list[ClosedWindow]]) -> None:
-    pipeline, windows = replayed
-    client, _ = _client(pipeline)
+def test_windows_api_filters(replayed: tuple[Monitor, list[ClosedWindow]]) -> None:
+    monitor, windows = replayed
+    client, _ = _client(monitor)
     since = "2026-12-01T02:00:00Z"
     body = client.get(
         "/api/v1/windows", params={"retriever": "hybrid-v8", "segment": "billing", "since": since}
@@ -148,7 +149,7 @@ def test_windows_api_filters(replayed: tuple[Pipeline, list[ClosedWindow]]) -> N
     ],
 )
 def test_bad_parameters_get_422(
-    replayed: tuple[Pipeline, list[ClosedWindow]], path: str, params: dict[str, str]
+    replayed: tuple[Monitor, list[ClosedWindow]], path: str, params: dict[str, str]
 ) -> None:
     client, _ = _client(replayed[0])
     response = client.get(path, params=params)
@@ -157,8 +158,7 @@ def test_bad_parameters_get_422(
 
 
 def test_health_and_readiness_follow_the_loop() -> None:
-    pipeline = Pipeline(PipelineConfig(), lambda: NOW)
-    client, state = _client(pipeline, needs_assignment=True)
+    client, state = _client(Monitor(MonitorConfig(), lambda: NOW), needs_assignment=True)
     assert client.get("/healthz").status_code == 503
     state.beat()
     assert client.get("/healthz").status_code == 200
@@ -172,8 +172,9 @@ def test_health_and_readiness_follow_the_loop() -> None:
 
 
 def test_no_data_is_no_sample_and_labels_are_capped() -> None:
-    config = PipelineConfig(max_label_values=2)
-    pipeline = Pipeline(config, lambda: NOW)
+    config = MonitorConfig(PipelineConfig(max_label_values=2))
+    monitor = Monitor(config, lambda: NOW)
+    pipeline = monitor.pipeline
     pipeline.assign(0)
     for i, retriever in enumerate(["a", "b", "c", "d"]):
         event = QueryEvent.model_validate(
@@ -186,7 +187,7 @@ def test_no_data_is_no_sample_and_labels_are_capped() -> None:
         )
         assert pipeline.query(0, i, event) is None
     pipeline.published(pipeline.finish())
-    client, _ = _client(pipeline)
+    client, _ = _client(monitor)
     samples = _samples(client.get("/metrics").text)
     retrievers = {
         dict(labels)["retriever"] for (name, labels) in samples if name == "retrieval_queries_total"

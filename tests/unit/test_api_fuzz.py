@@ -17,7 +17,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
 from service.http.app import create_app
-from service.http.state import ServiceState
+from service.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -26,7 +26,7 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.stream.pipeline import PipelineConfig
+from service.state import ServiceState
 from service.times import HOUR_MS
 
 START = 1_796_083_200_000
@@ -47,10 +47,10 @@ def _app() -> object:
     path = Path(__file__).parent / ".fuzz-events.jsonl"
     try:
         write_jsonl(generate(sim), path)
-        pipeline, _ = replay([str(path)], PipelineConfig(), lambda _: None, now_ms=lambda: NOW)
+        monitor, _ = replay([str(path)], MonitorConfig(), lambda _: None, now_ms=lambda: NOW)
     finally:
         path.unlink(missing_ok=True)
-    state = ServiceState(pipeline, lambda: NOW, needs_assignment=False)
+    state = ServiceState(monitor, lambda: NOW, needs_assignment=False)
     state.beat()
     state.health.last_poll_ms = NOW
     state.health.assigned = 1
@@ -64,7 +64,7 @@ schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.N
 
 
 def test_the_fuzzed_app_has_data_and_an_open_regression() -> None:
-    regressions = APP.state.service.pipeline.detector.open  # type: ignore[attr-defined]
+    regressions = APP.state.service.detector.open  # type: ignore[attr-defined]
     assert regressions, "the fuzz target would not exercise /api/v1/regressions"
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from service.errors import EventError
 from service.metrics.aggregates import Moments
+from service.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     SimEvent,
@@ -676,12 +677,12 @@ def test_replay_equals_offline_evaluation(traffic: list[Parsed], tmp_path: Path)
             assert w.key not in got
             got[w.key] = w
 
-    pipeline, report = replay(
-        [str(path)], SIM_CONFIG, collect, now_ms=lambda: SIM_NOW, errors_to=None
+    monitor, report = replay(
+        [str(path)], MonitorConfig(SIM_CONFIG), collect, now_ms=lambda: SIM_NOW, errors_to=None
     )
     assert (report.lines, report.invalid) == (len(traffic), 0)
     assert got == expected_windows(traffic)
-    assert pipeline.counts.late == Counter()
+    assert monitor.pipeline.counts.late == Counter()
 
 
 def test_four_partitions_equal_offline_evaluation(traffic: list[Parsed]) -> None:

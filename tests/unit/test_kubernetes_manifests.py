@@ -17,8 +17,8 @@ from service.broker.publisher import TRANSACTION_WAIT_MS
 from service.cli import build_parser
 from service.config import ENV_PREFIX, Settings
 from service.http.app import create_app
-from service.http.state import ServiceState
-from service.stream.pipeline import Pipeline, PipelineConfig
+from service.monitor import Monitor, MonitorConfig
+from service.state import ServiceState
 from service.times import parse_duration_ms
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,7 +83,7 @@ def test_ports_probes_and_selectors_match_the_service(
     (port,) = container["ports"]
     assert port["containerPort"] == int(env[f"{ENV_PREFIX}HTTP_PORT"])
     clock = lambda: 0  # noqa: E731
-    app = create_app(ServiceState(Pipeline(PipelineConfig(), clock), clock))
+    app = create_app(ServiceState(Monitor(MonitorConfig(), clock), clock))
     routes = {getattr(route, "path", None) for route in app.routes}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         get = container[probe]["httpGet"]

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.cli import main
 from service.detect.detector import Detector
 from service.http.app import create_app
-from service.http.state import ServiceState
+from service.monitor import Monitor, MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -22,8 +22,9 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
+from service.state import ServiceState
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.pipeline import Pipeline
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
@@ -59,13 +60,13 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def bad(files: dict[str, Path]) -> Pipeline:
-    pipeline, _ = replay([str(files["bad"])], PipelineConfig(), lambda _: None, now_ms=lambda: NOW)
-    return pipeline
+def bad(files: dict[str, Path]) -> Monitor:
+    monitor, _ = replay([str(files["bad"])], MonitorConfig(), lambda _: None, now_ms=lambda: NOW)
+    return monitor
 
 
-def _client(pipeline: Pipeline) -> TestClient:
-    return TestClient(create_app(ServiceState(pipeline, lambda: NOW, needs_assignment=False)))
+def _client(monitor: Monitor) -> TestClient:
+    return TestClient(create_app(ServiceState(monitor, lambda: NOW, needs_assignment=False)))
 
 
 def test_replay_writes_the_regressions_it_opened(files: dict[str, Path], tmp_path: Path) -> None:
@@ -95,7 +96,7 @@ def test_replay_writes_the_regressions_it_opened(files: dict[str, Path], tmp_pat
 
 
 def test_streaming_detection_equals_detection_on_the_offline_windows(
-    files: dict[str, Path], bad: Pipeline
+    files: dict[str, Path], bad: Monitor
 ) -> None:
     queries, feedback = [], []
     for line in files["bad"].read_text().splitlines():
@@ -111,7 +112,7 @@ def test_streaming_detection_equals_detection_on_the_offline_windows(
     assert [r.to_record() for r in offline.opened] == [r.to_record() for r in bad.detector.opened]
 
 
-def test_metrics_expose_the_open_regression(bad: Pipeline) -> None:
+def test_metrics_expose_the_open_regression(bad: Monitor) -> None:
     text = _client(bad).get("/metrics").text
     samples = {}
     for family in text_string_to_metric_families(text):
@@ -134,7 +135,7 @@ def test_metrics_expose_the_open_regression(bad: Pipeline) -> None:
     assert DEPLOY / 1000 <= first_seen < DEPLOY / 1000 + 60
 
 
-def test_regressions_endpoint_lists_what_is_open(bad: Pipeline) -> None:
+def test_regressions_endpoint_lists_what_is_open(bad: Monitor) -> None:
     body = _client(bad).get("/api/v1/regressions").json()
     keys = {(r["retriever"], r["segment"], r["metric"], r["baseline"]) for r in body["regressions"]}
     assert KEY in keys
@@ -145,7 +146,7 @@ def test_regressions_endpoint_lists_what_is_open(bad: Pipeline) -> None:
     assert row["ci_high"] < 0
 
 
-def test_compare_endpoint(bad: Pipeline) -> None:
+def test_compare_endpoint(bad: Monitor) -> None:
     client = _client(bad)
     body = client.get("/api/v1/compare?baseline=hybrid-v7&candidate=hybrid-v8&window=24h").json()
     by_metric = {m["metric"]: m for m in body["metrics"]}
@@ -169,7 +170,7 @@ def test_compare_endpoint(bad: Pipeline) -> None:
         "/api/v1/compare?baseline=&candidate=b",
     ],
 )
-def test_compare_rejects_bad_parameters(bad: Pipeline, query: str) -> None:
+def test_compare_rejects_bad_parameters(bad: Monitor, query: str) -> None:
     response = _client(bad).get(query)
     assert response.status_code == 422, response.text
 
@@ -195,18 +196,19 @@ def _feed(pipeline: Pipeline, path: Path, partitions: tuple[int, ...]) -> None:
 
 def test_a_window_confirmed_twice_counts_once(files: dict[str, Path]) -> None:
     windows: list[ClosedWindow] = []
-    pipeline, _ = replay([str(files["bad"])], PipelineConfig(), windows.extend, now_ms=lambda: NOW)
+    monitor, _ = replay([str(files["bad"])], MonitorConfig(), windows.extend, now_ms=lambda: NOW)
+    pipeline = monitor.pipeline
     before = (
         pipeline.counts.windows_published,
         dict(pipeline.counts.finalized),
-        {k: c.n_candidate for k, c in pipeline.detector.latest.items()},
+        {k: c.n_candidate for k, c in monitor.detector.latest.items()},
     )
     pipeline.confirm_published(windows[-40:])  # published again after a failed commit
-    pipeline.detector.advance(pipeline.detector.through_ms or 0)
+    monitor.detector.advance(monitor.detector.through_ms or 0)
     after = (
         pipeline.counts.windows_published,
         dict(pipeline.counts.finalized),
-        {k: c.n_candidate for k, c in pipeline.detector.latest.items()},
+        {k: c.n_candidate for k, c in monitor.detector.latest.items()},
     )
     assert after == before
 
@@ -214,7 +216,8 @@ def test_a_window_confirmed_twice_counts_once(files: dict[str, Path]) -> None:
 def test_after_a_rebuild_no_boundary_is_tested_with_some_partitions_only(
     files: dict[str, Path],
 ) -> None:
-    pipeline = Pipeline(PipelineConfig(), lambda: NOW)
+    monitor = Monitor(MonitorConfig(), lambda: NOW)
+    pipeline = monitor.pipeline
     for p in (0, 1):
         pipeline.assign(p)
     _feed(pipeline, files["bad"], (0, 1))
@@ -225,11 +228,11 @@ def test_after_a_rebuild_no_boundary_is_tested_with_some_partitions_only(
         pipeline.assign(p)
     _feed(pipeline, files["bad"], (0,))  # partition 0 is re-read first
     pipeline.published(pipeline.advance())
-    assert pipeline.detector.through_ms is None  # partition 1 has no event time yet
-    client = _client(pipeline)
+    assert monitor.detector.through_ms is None  # partition 1 has no event time yet
+    client = _client(monitor)
     _feed(pipeline, files["bad"], (1,))
     pipeline.published(pipeline.advance())
-    assert pipeline.detector.through_ms is not None
+    assert monitor.detector.through_ms is not None
     assert "retrieval_regression{" in client.get("/metrics").text
     pipeline.revoke(0)
     pipeline.revoke(1)  # a replica left without partitions says nothing about regressions

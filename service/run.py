@@ -1,0 +1,54 @@
+"""``retrieval-monitor run``: the Kafka consumer loop and the HTTP server in one process."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from service.broker.consumer import KafkaEdge
+from service.config import Settings
+from service.http.app import create_app
+from service.http.server import configure_logging, serve_http, stop_on_signals
+from service.monitor import Monitor, MonitorConfig
+from service.state import ServiceState
+from service.times import wall_ms
+
+log = logging.getLogger("retrieval_monitor")
+
+
+def run_service(settings: Settings) -> int:
+    """Consume Kafka and serve HTTP until SIGTERM/SIGINT."""
+    configure_logging(settings.log_level)
+    monitor = Monitor(MonitorConfig.from_settings(settings), wall_ms)
+    state = ServiceState(
+        monitor,
+        wall_ms,
+        topic_names=(settings.queries_topic, settings.feedback_topic),
+    )
+    edge = KafkaEdge(settings, state)
+    edge.start()
+    server, thread = serve_http(create_app(state), settings.http_host, settings.http_port)
+    log.info(
+        "consuming %s and %s from %s; serving http://%s:%d/metrics",
+        settings.queries_topic,
+        settings.feedback_topic,
+        settings.kafka_bootstrap_servers,
+        settings.http_host,
+        server.servers[0].sockets[0].getsockname()[1] if server.servers else settings.http_port,
+    )
+    stop, again = threading.Event(), threading.Event()
+    stop_on_signals(stop, again)
+    try:
+        edge.run(stop)
+        state.health.stopped = True
+        if settings.shutdown_grace:
+            log.info(
+                "handed over; serving the final /metrics for %d ms (a second SIGTERM ends it)",
+                settings.shutdown_grace,
+            )
+            again.wait(settings.shutdown_grace / 1000)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+    log.info("stopped")
+    return 0
