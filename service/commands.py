@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from service.broker.consumer import produce_events
+from service.broker.produce import produce_events
 from service.config import add_settings_flags, settings_from_args
 from service.demo import DemoOptions, run_demo
 from service.errors import ConfigError

@@ -1,28 +1,35 @@
 """Publishing closed windows and dead letters, made durable together with the offsets.
 
-Two modes:
+Two strategies behind one interface (:class:`Publisher`), chosen by ``EXACTLY_ONCE``:
 
-* **transactional** (the default): a Kafka transaction spans from one commit to the
-  next. Window records, dead letters and the consumer offsets (with the restart markers
-  in their metadata) are committed atomically with ``send_offsets_to_transaction``, so a
-  crash either keeps all of them or none: a window is never published twice and never
-  counted twice on ``/metrics``. Readers of the windows topic use
-  ``isolation.level=read_committed``.
-* **at least once**: records are flushed, then the offsets are committed. A crash
-  between the two re-publishes identical window records (harmless to a compacted topic).
+* :class:`TransactionalPublisher` (the default): a Kafka transaction spans from one
+  commit to the next. Window records, dead letters and the consumer offsets (with the
+  restart markers in their metadata) are committed atomically with
+  ``send_offsets_to_transaction``, so a crash either keeps all of them or none: a window
+  is never published twice and never counted twice on ``/metrics``. Readers of the
+  windows topic use ``isolation.level=read_committed``.
+* :class:`AtLeastOncePublisher`: records are flushed, then the offsets are committed. A
+  crash between the two re-publishes identical window records (harmless to a compacted
+  topic).
+
+Both talk to the broker through a :class:`Transport` (a kafka-python producer in
+:class:`KafkaTransport`; a fake in the unit tests), so the commit protocol above them
+runs the same with or without a broker.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import orjson
 from kafka import KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError
+from kafka.errors import KafkaError
 
+from service.broker import compat
 from service.errors import EventError
 from service.stream.windows import ClosedWindow
 
@@ -35,110 +42,157 @@ TRANSACTION_WAIT_MS = 30_000
 REPLACE_WAIT_S = 300.0
 """How long replacing the producer (the broker may be away) is retried before giving up."""
 
+Offsets = Mapping[Any, Any]
+"""``TopicPartition`` -> ``OffsetAndMetadata``."""
+Headers = list[tuple[str, bytes]]
 
-class Publisher:
-    """The producer side of the service."""
 
-    def __init__(
-        self,
-        client: dict[str, Any],
-        windows_topic: str,
-        deadletter_topic: str,
-        *,
-        transactional: bool,
-        transactional_id: str,
-    ) -> None:
-        self.windows_topic = windows_topic
-        self.deadletter_topic = deadletter_topic
-        self.transactional = transactional
-        extra: dict[str, Any] = {}
-        if transactional:
-            # The same id after a restart fences the crashed process and aborts its open
-            # transaction at once (a new id would block read_committed readers until the
-            # old transaction times out).
-            extra = {
-                "transactional_id": transactional_id,
-                "enable_idempotence": True,
-                "transaction_timeout_ms": 60_000,
-            }
-        self._config = {
-            **client,
-            "acks": "all",
-            "linger_ms": 20,
-            "client_id": "retrieval-monitor-publisher",
-            **extra,
-        }
-        self.producer = self._new_producer()
-        self._open = False
-        self._unanswered = False
-        """A transactional request was given up unanswered: its outcome is unknown."""
+class CommitError(Exception):
+    """A commit did not complete: what was sent since the last commit may not be durable."""
 
-    def _new_producer(self) -> KafkaProducer:
-        producer = KafkaProducer(**self._config)
+
+class UnansweredError(CommitError):
+    """A transactional request got no answer in time: its outcome on the broker is unknown."""
+
+
+class Transport(Protocol):
+    """What the publishers need of a producer."""
+
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        """Queue one record (in the open transaction, if any)."""
+
+    def flush(self) -> None:
+        """Wait until every queued record is acknowledged."""
+
+    def begin(self) -> None:
+        """Open a transaction."""
+
+    def add_offsets(self, offsets: Offsets, group_metadata: Any, timeout_ms: int) -> None:
+        """Add consumer offsets to the open transaction; raise UnansweredError after the wait."""
+
+    def commit(self, timeout_ms: int) -> None:
+        """Commit the open transaction; raise UnansweredError after the wait."""
+
+    def abort(self, timeout_ms: int) -> None:
+        """Abort the open transaction; raise UnansweredError after the wait."""
+
+    def discard(self) -> None:
+        """Stop at once, dropping what was not sent (the transport is not used again)."""
+
+    def close(self) -> None:
+        """Flush and close."""
+
+
+class Consumer(Protocol):
+    """What committing needs of the consumer."""
+
+    def group_metadata(self) -> Any:
+        """The group generation, for ``send_offsets_to_transaction`` (fencing)."""
+
+    def commit(self, offsets: Offsets) -> None:
+        """Commit offsets synchronously (at-least-once mode)."""
+
+
+class KafkaTransport:
+    """A :class:`Transport` over kafka-python's ``KafkaProducer``, every wait bounded.
+
+    ``KafkaProducer``'s own transactional methods wait without a limit: after a broker
+    was killed a request could wait for ever, and the service with it.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.producer = KafkaProducer(**config)
+        self.transactional = "transactional_id" in config
         if self.transactional:
             try:
-                producer.init_transactions()  # bounded by max_block_ms
-            except Exception:
-                producer.close(timeout=0)  # nothing sent yet: stops its threads
+                self.producer.init_transactions()  # bounded by max_block_ms
+            except KafkaError:
+                self.producer.close(timeout=0)  # nothing sent yet: stops its threads
                 raise
-        return producer
 
-    def _replace_producer(self) -> None:
-        """Close the producer and start one with the same transactional id.
+    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        """Queue one record."""
+        self.producer.send(topic, key=key, value=value, headers=headers)
 
-        Its ``init_transactions`` fences the old one and makes the broker abort whatever
-        transaction the old one left open, including requests it had queued or sent
-        without an answer. A local abort cannot: it may complete without telling the
-        broker, and the broker then keeps the transaction (and the offsets committed in
-        it, which block every ``read_committed`` fetch of the group's offsets) open.
-        Retried while the broker is away, for at most ``REPLACE_WAIT_S``.
-        """
-        self._discard_producer()
-        deadline = time.monotonic() + REPLACE_WAIT_S
-        while True:
-            try:
-                self.producer = self._new_producer()
-                return
-            except KafkaError as error:
-                if time.monotonic() >= deadline:
-                    raise
-                log.warning("starting a new producer failed (%s); retrying", error)
-                time.sleep(1)
+    def flush(self) -> None:
+        """Wait for every queued record."""
+        self.producer.flush()
 
-    def _discard_producer(self) -> None:
-        """Stop the producer now, dropping what it has not sent.
+    def begin(self) -> None:
+        """Open a transaction."""
+        self.producer.begin_transaction()
 
-        ``close(timeout=0)`` alone does not: it first flushes, which raises while
-        records are pending, and leaves the sender thread running (and retrying).
-        """
-        sender = self.producer._sender
-        sender.force_close()
-        sender.join(5)
+    def _wait(self, what: str, pending: compat.Pending, timeout_ms: int) -> None:
+        compat.wake_sender(self.producer)
+        if not pending.wait(timeout_ms=timeout_ms):
+            raise UnansweredError(f"{what} not answered within {timeout_ms} ms")
+
+    def add_offsets(self, offsets: Offsets, group_metadata: Any, timeout_ms: int) -> None:
+        """Add the offsets to the open transaction, waiting at most ``timeout_ms``."""
+        pending = compat.send_offsets(self.producer, offsets, group_metadata)
+        self._wait("send_offsets_to_transaction", pending, timeout_ms)
+
+    def commit(self, timeout_ms: int) -> None:
+        """Commit the open transaction, waiting at most ``timeout_ms``."""
+        self._wait("commit_transaction", compat.begin_commit(self.producer), timeout_ms)
+
+    def abort(self, timeout_ms: int) -> None:
+        """Abort the open transaction, waiting at most ``timeout_ms``."""
+        self._wait("abort_transaction", compat.begin_abort(self.producer), timeout_ms)
+
+    def discard(self) -> None:
+        """Stop the sender now and close, dropping what it has not sent."""
+        compat.stop_sender(self.producer)
         try:
             self.producer.close(timeout=0)
-        except Exception as error:
+        except KafkaError as error:
             log.warning("closing the old producer failed: %s", error)
 
-    def _step(self, what: str, start: Callable[[], Any]) -> None:
-        """One transactional request, waited for at most ``TRANSACTION_WAIT_MS``.
+    def close(self) -> None:
+        """Flush and close the producer."""
+        self.producer.close()
 
-        ``KafkaProducer``'s own methods wait without a limit; after a broker was killed
-        a request could wait for ever, and the service with it.
-        """
-        result = start()
-        self.producer._sender.wakeup()
-        if not result.wait(timeout_ms=TRANSACTION_WAIT_MS):
-            self._unanswered = True
-            raise KafkaTimeoutError(f"{what} not answered within {TRANSACTION_WAIT_MS} ms")
 
-    def _begin(self) -> None:
-        if self.transactional and not self._open:
-            self.producer.begin_transaction()
-            self._open = True
+def producer_config(
+    client: dict[str, Any], *, transactional: bool, transactional_id: str
+) -> dict[str, Any]:
+    """The publisher's producer settings (the same transactional id after every restart)."""
+    extra: dict[str, Any] = {}
+    if transactional:
+        # The same id after a restart fences the crashed process and aborts its open
+        # transaction at once (a new id would block read_committed readers until the old
+        # transaction times out).
+        extra = {
+            "transactional_id": transactional_id,
+            "enable_idempotence": True,
+            "transaction_timeout_ms": 60_000,
+        }
+    return {
+        **client,
+        "acks": "all",
+        "linger_ms": 20,
+        "client_id": "retrieval-monitor-publisher",
+        **extra,
+    }
+
+
+class Publisher(ABC):
+    """The producer side of the service: window records and dead letters, then a commit."""
+
+    transactional: bool
+    """Whether a failed commit takes back what was sent since the last one."""
+
+    def __init__(self, transport: Transport, windows_topic: str, deadletter_topic: str) -> None:
+        self.transport = transport
+        self.windows_topic = windows_topic
+        self.deadletter_topic = deadletter_topic
+
+    @abstractmethod
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        """Send one record (in the open transaction, if any)."""
 
     def dead_letter(self, record: Any, error: EventError) -> None:
         """Send a bad record as it was, with the reason and its source in headers."""
-        self._begin()
         headers = [
             ("reason", error.reason.encode()),
             ("error", str(error).encode()[:1000]),
@@ -154,68 +208,159 @@ class Publisher:
         key = record.key
         if key is None and value is None:
             key = f"{record.topic}[{record.partition}]@{record.offset}".encode()
-        self.producer.send(self.deadletter_topic, value=value, key=key, headers=headers)
+        self._send(self.deadletter_topic, key, value, headers)
 
     def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[str, ...]) -> None:
         """Send closed windows (durable only after :meth:`commit`)."""
         for window in windows:
-            self._begin()
-            self.producer.send(
-                self.windows_topic,
-                key=window.key.encode(),
-                value=orjson.dumps(window.to_record(metric_keys)),
-            )
+            record = orjson.dumps(window.to_record(metric_keys))
+            self._send(self.windows_topic, window.key.encode(), record, [])
 
-    def commit(
-        self,
-        offsets: dict[Any, Any],
-        group_metadata: Callable[[], Any],
-        commit_offsets: Callable[[dict[Any, Any]], None] | None,
-    ) -> None:
+    @abstractmethod
+    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
         """Make everything sent so far durable together with ``offsets``.
 
-        Transactional: one atomic commit. Otherwise: flush, then ``commit_offsets``
-        (skipped when None: the caller commits through the coordinator itself).
-        Raises on failure; the caller then rebuilds its state from the last commit.
+        Raises CommitError or KafkaError; the caller then decides from
+        :attr:`transactional` whether what was sent is lost.
         """
-        if self.transactional:
-            manager = self.producer._transaction_manager
-            if offsets:
-                self._begin()
-                metadata = group_metadata()
-                self._step(
-                    "send_offsets_to_transaction",
-                    lambda: manager.send_offsets_to_transaction(offsets, metadata),
-                )
-            if self._open:
-                self._step("commit_transaction", manager.begin_commit)
-                self._open = False
-            return
-        self.producer.flush()
-        if offsets and commit_offsets is not None:
-            commit_offsets(offsets)
+
+    @abstractmethod
+    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+        """:meth:`commit` from a rebalance callback; returns offsets still to commit there."""
+
+    @abstractmethod
+    def abort(self) -> None:
+        """Take back what was sent since the last commit, where that is possible."""
+
+    def close(self) -> None:
+        """Abort what is open and close the producer."""
+        self.abort()
+        self.transport.close()
+
+
+class AtLeastOncePublisher(Publisher):
+    """Flush the records, then commit the offsets: a crash in between repeats records."""
+
+    transactional = False
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        self.transport.send(topic, key, value, headers)
+
+    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
+        """Flush, then commit the offsets synchronously."""
+        self.transport.flush()
+        if offsets:
+            consumer.commit(offsets)
+
+    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+        """Flush; the offsets go back to the callback (the consumer cannot commit there)."""
+        self.transport.flush()
+        return offsets
+
+    def abort(self) -> None:
+        """Nothing to take back: sent records are out."""
+
+
+class TransactionalPublisher(Publisher):
+    """One Kafka transaction from commit to commit: records and offsets, all or none."""
+
+    transactional = True
+
+    def __init__(
+        self, connect: Callable[[], Transport], windows_topic: str, deadletter_topic: str
+    ) -> None:
+        super().__init__(connect(), windows_topic, deadletter_topic)
+        self._connect = connect
+        self._open = False
+        self._unanswered = False
+        """A transactional request was given up unanswered: its outcome is unknown."""
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+        self._begin()
+        self.transport.send(topic, key, value, headers)
+
+    def _begin(self) -> None:
+        if not self._open:
+            self.transport.begin()
+            self._open = True
+
+    def _bounded(self, step: Callable[[int], None]) -> None:
+        try:
+            step(TRANSACTION_WAIT_MS)
+        except UnansweredError:
+            self._unanswered = True
+            raise
+
+    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
+        """One atomic commit of the open transaction with ``offsets``."""
+        if offsets:
+            self._begin()
+            metadata = consumer.group_metadata()
+            self._bounded(lambda wait: self.transport.add_offsets(offsets, metadata, wait))
+        if self._open:
+            self._bounded(self.transport.commit)
+            self._open = False
+
+    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+        """Commit here, in the callback: nothing is left for the consumer to commit."""
+        self.commit(offsets, consumer)
+        return {}
 
     def abort(self) -> None:
         """Drop the open transaction (its records are never seen by read_committed readers).
 
         After a request went unanswered, or if the abort fails or hangs, the producer is
-        replaced instead (:meth:`_replace_producer`).
+        replaced instead (:meth:`_replace`).
         """
-        if not (self.transactional and (self._open or self._unanswered)):
+        if not (self._open or self._unanswered):
             return
         self._open = False
         if self._unanswered:
             log.warning("a transactional request went unanswered; replacing the producer")
         else:
             try:
-                self._step("abort_transaction", self.producer._transaction_manager.begin_abort)
+                self._bounded(self.transport.abort)
                 return
-            except Exception as error:  # fenced, closed, or stuck: start afresh
+            except (KafkaError, CommitError) as error:  # fenced, closed, or stuck
                 log.warning("abort_transaction failed (%s); replacing the producer", error)
         self._unanswered = False
-        self._replace_producer()
+        self._replace()
 
-    def close(self) -> None:
-        """Abort what is open and close the producer."""
-        self.abort()
-        self.producer.close()
+    def _replace(self) -> None:
+        """Close the producer and start one with the same transactional id.
+
+        Its ``init_transactions`` fences the old one and makes the broker abort whatever
+        transaction the old one left open, including requests it had queued or sent
+        without an answer. A local abort cannot: it may complete without telling the
+        broker, and the broker then keeps the transaction (and the offsets committed in
+        it, which block every ``read_committed`` fetch of the group's offsets) open.
+        Retried while the broker is away, for at most ``REPLACE_WAIT_S``.
+        """
+        self.transport.discard()
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while True:
+            try:
+                self.transport = self._connect()
+                return
+            except KafkaError as error:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("starting a new producer failed (%s); retrying", error)
+                time.sleep(1)
+
+
+def make_publisher(
+    client: dict[str, Any],
+    windows_topic: str,
+    deadletter_topic: str,
+    *,
+    transactional: bool,
+    transactional_id: str,
+) -> Publisher:
+    """The publisher of the chosen strategy, over a kafka-python producer."""
+    config = producer_config(client, transactional=transactional, transactional_id=transactional_id)
+    if transactional:
+        return TransactionalPublisher(
+            lambda: KafkaTransport(config), windows_topic, deadletter_topic
+        )
+    return AtLeastOncePublisher(KafkaTransport(config), windows_topic, deadletter_topic)

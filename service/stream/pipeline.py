@@ -263,11 +263,15 @@ class Pipeline:
             self._closed_through_ms = limit - limit % join.window_ms
         return self._finalise(closing)
 
-    def finish(self) -> list[ClosedWindow]:
-        """End of input: finalise everything pending (replay)."""
+    def end_of_input(self) -> None:
+        """No more records will come: the next advance finalises everything pending."""
         join = self.config.join
         for stream in self.streams.values():
             stream.watermark.finish(join.attribution_ms + join.window_ms)
+
+    def finish(self) -> list[ClosedWindow]:
+        """End of input: finalise everything pending (replay)."""
+        self.end_of_input()
         return self.advance()
 
     def _finalise(self, closing: list[tuple[PartitionStream, WindowKey]]) -> list[ClosedWindow]:

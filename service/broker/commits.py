@@ -1,0 +1,317 @@
+"""The commit protocol: what is published, what is confirmed, what is counted, what is rebuilt.
+
+One component owns every piece of it, so it can be read (and tested) in one place:
+
+* **sent, unconfirmed**: closed windows go to the publisher as soon as they close and
+  wait in :attr:`CommitProtocol.unconfirmed` until a commit makes them durable; only
+  then are they folded into the counters, summaries, rolling views and the detector.
+* **the markers**: each commit carries, in the offsets' metadata, the end of the last
+  published window of the partition (``published_through``), the positions up to which
+  records were counted (``counted``) and the feedback still waiting for its query
+  (``waiting``) — :mod:`service.stream.offsets`. A partition taken over starts from them.
+* **counted, uncommitted**: a partition dropped without a commit (lost, or rebuilt after
+  a failed transaction) remembers how far this process counted it, so re-reading it
+  counts nothing twice (:attr:`CommitProtocol.counted`).
+* **the rebuild decision**: after a failed transaction, or when committed offsets could
+  not be fetched, every assigned partition is dropped and started again from its last
+  commit, by the loop (:meth:`CommitProtocol.rebuild_if_needed`).
+
+Two locks, always taken in this order: the producer lock (every use of the publisher,
+from the loop and from rebalance callbacks on kafka-python's IO thread), then the state
+lock (the monitor and the health the HTTP side reads). The state lock is never held
+while waiting on the broker. The at-least-once commit waits on the consumer's
+coordinator, which runs the rebalance callbacks; it is therefore made outside the
+producer lock, so that a callback waiting for that lock cannot deadlock it.
+
+Broker failures arrive as ``KafkaError`` or :class:`~service.broker.publisher.CommitError`
+and are handled here; anything else (a programming error) is not swallowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from kafka import TopicPartition
+from kafka.errors import KafkaError
+from kafka.structs import OffsetAndMetadata
+
+from service.broker.failpoints import failpoint
+from service.broker.publisher import CommitError, Publisher
+from service.state import ServiceState
+from service.stream.offsets import commit_plan, restart_from
+from service.stream.topics import TOPICS
+from service.stream.windows import ClosedWindow
+
+log = logging.getLogger("retrieval_monitor.kafka")
+
+BROKER_ERRORS = (KafkaError, CommitError)
+"""What a commit may raise when the broker refuses, fails or does not answer."""
+COMMITTED_WAIT_MS = 30_000
+"""How long one fetch of the committed offsets may take before it is retried later."""
+
+
+class Consumer(Protocol):
+    """What the protocol needs of the consumer (kafka-python's ``KafkaConsumer``)."""
+
+    def group_metadata(self) -> Any:
+        """The group generation, for transactional offset commits (fencing)."""
+
+    def commit(self, offsets: Mapping[Any, Any]) -> None:
+        """Commit offsets synchronously."""
+
+    def committed(self, partition: Any, metadata: bool, timeout_ms: int) -> Any:
+        """The committed offset (with metadata) of one topic partition, or None."""
+
+    def assignment(self) -> set[Any]:
+        """The topic partitions assigned to this member."""
+
+    def seek(self, partition: Any, offset: int) -> None:
+        """Read ``partition`` from ``offset`` next."""
+
+    def seek_to_beginning(self, *partitions: Any) -> None:
+        """Read ``partitions`` from their first offset next."""
+
+
+class CommitProtocol:
+    """Publishes closed windows and commits them with the offsets and restart markers."""
+
+    def __init__(
+        self,
+        state: ServiceState,
+        publisher: Publisher,
+        consumer: Consumer,
+        topics: tuple[str, str],
+        history: dict[int, list[ClosedWindow]] | None = None,
+    ) -> None:
+        self.state = state
+        self.pipeline = state.pipeline
+        self.lock = state.lock
+        self.publisher = publisher
+        self.consumer = consumer
+        self.topics = topics
+        self.history = history if history is not None else {}
+        """Windows read back at start, by partition, until the partition is assigned."""
+        self.producer_lock = threading.Lock()
+        """Serialises every use of the publisher (taken before the state lock)."""
+        self.unconfirmed: list[ClosedWindow] = []
+        """Windows sent since the last commit: durable, and counted, only once it succeeds."""
+        self.counted: dict[int, list[int]] = {}
+        """Per partition dropped without a commit: offsets (queries, feedback) below which
+        this process already counted the records; re-reading them counts nothing again."""
+        self._needs_rebuild = False
+        self._rebuild_lock = threading.Lock()
+        """Guards the rebuild decision, which callbacks and the loop both make."""
+
+    # -- the loop (main thread) ---------------------------------------------------------------
+
+    def cycle(self, work: Callable[[], None], commit: bool) -> bool:
+        """Under both locks run ``work`` (process a batch) and send what closed; then commit.
+
+        Closed windows ride in the open transaction until the next commit: committing per
+        poll would cost a transaction per batch in catch-up. Returns whether a commit was
+        made (successfully or not).
+        """
+        with self.producer_lock:
+            with self.lock:
+                work()
+                self._send(self.pipeline.advance())
+                offsets = self._offsets() if commit else None
+            if offsets is not None and self.publisher.transactional:
+                self._commit(offsets)
+        if offsets is not None and not self.publisher.transactional:
+            self._commit(offsets)  # waits on the consumer: outside the producer lock
+        return offsets is not None
+
+    def dead_letter(self, record: Any, error: Any) -> None:
+        """Send a bad record to the dead-letter topic, in the open transaction (both locks)."""
+        self.publisher.dead_letter(record, error)
+
+    def rebuild_if_needed(self) -> None:
+        """Drop all state and restart every partition from its last committed offsets.
+
+        Every partition assigned to the consumer is taken over, so also those whose
+        committed offsets a rebalance could not fetch. If the fetch fails again (the
+        broker is away), it is retried on a later loop, and the partitions stay without
+        state until then.
+        """
+        with self._rebuild_lock:
+            if not self._needs_rebuild:
+                return
+            self._needs_rebuild = False
+        with self.lock:
+            dropped = set(self.pipeline.streams)
+            self._remember_counted(dropped)
+            for p in dropped:
+                self.pipeline.revoke(p)
+            self.unconfirmed = []
+            self.state.health.assigned = 0
+        tps = set(self.consumer.assignment())  # a rebalance may have moved some
+        if not tps:
+            return
+        try:
+            committed = {
+                tp: self.consumer.committed(tp, metadata=True, timeout_ms=COMMITTED_WAIT_MS)
+                for tp in tps
+            }
+        except KafkaError as error:
+            log.warning("fetching the committed offsets failed (%s); retrying", error)
+            self._rebuild_later()
+            return
+        self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
+
+    # -- rebalance callbacks (kafka-python's IO thread) ------------------------------------------
+
+    def take_over(self, assigned: set[Any], committed: Mapping[Any, Any]) -> None:
+        """Start newly assigned partitions from their committed offsets and markers."""
+        partitions = {tp.partition for tp in assigned}
+        by_topic = {t: {tp.partition for tp in assigned if tp.topic == t} for t in self.topics}
+        if by_topic[self.topics[0]] != by_topic[self.topics[1]]:
+            log.error("assignment is not co-partitioned: %s", sorted(map(str, assigned)))
+        with self.lock:
+            for p in sorted(partitions):
+                if p in self.pipeline.streams:
+                    continue
+                tps = [TopicPartition(t, p) for t in self.topics]
+                meta = [committed.get(tp) for tp in tps]
+                restart = restart_from(*(m.metadata if m is not None else None for m in meta))
+                self.pipeline.assign(
+                    p, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
+                )
+                counted = self.counted.pop(p, None)
+                if counted is not None:  # dead letters of an aborted transaction go again
+                    stream = self.pipeline.streams[p]
+                    merged = zip(counted, stream.counted_from, strict=True)
+                    stream.counted_from = [max(a, b) for a, b in merged]
+                # what earlier owners published and committed (later windows come again)
+                history = self.history.pop(p, [])
+                self.pipeline.restore(
+                    w for w in history if w.end_ms <= restart.published_through_ms
+                )
+                # Always restart from the commit: a partition kept across an eager
+                # rebalance would otherwise continue from its position, and the state
+                # dropped on revoke would never be rebuilt.
+                for tp, m in zip(tps, meta, strict=True):
+                    if m is None or m.offset is None or m.offset < 0:
+                        self.consumer.seek_to_beginning(tp)
+                    else:
+                        self.consumer.seek(tp, m.offset)
+            self.state.health.assigned = len(self.pipeline.streams)
+        log.info("assigned partitions %s", sorted(partitions))
+
+    def take_over_later(self, partitions: set[int], error: Exception) -> None:
+        """The committed offsets of newly assigned partitions could not be fetched.
+
+        The loop fetches them again (:meth:`rebuild_if_needed` takes over every assigned
+        partition without state); until then their records are skipped (the take-over
+        seeks back to the commit).
+        """
+        log.warning(
+            "fetching the committed offsets of partitions %s failed (%s); retrying",
+            sorted(partitions),
+            error,
+        )
+        self._rebuild_later()
+
+    def hand_over(self, partitions: set[int]) -> Mapping[Any, Any]:
+        """Publish what is closed, commit, and drop the partitions.
+
+        Returns the offsets still to commit through the coordinator (at-least-once mode);
+        in transactional mode they are committed here, with the windows.
+        """
+        with self.producer_lock:
+            with self.lock:
+                self._send(self.pipeline.advance())
+                offsets = self._offsets()
+            committed = True
+            left: Mapping[Any, Any] = {}
+            try:
+                left = self.publisher.commit_on_revoke(offsets, self.consumer)
+            except BROKER_ERRORS as error:  # the next owner re-reads from the older commit
+                log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
+                self.publisher.abort()
+                committed = not self.publisher.transactional
+            with self.lock:
+                if committed:
+                    self._confirm()
+                else:  # aborted: never visible to read_committed readers, so not counted
+                    self.unconfirmed = []
+                for p in partitions:
+                    self.pipeline.revoke(p)
+                self.state.health.assigned = len(self.pipeline.streams)
+            log.info("revoked partitions %s", sorted(partitions))
+        return left
+
+    def drop(self, partitions: set[int]) -> None:
+        """Partitions were lost (another member owns them): drop state, commit nothing.
+
+        The open transaction may hold their windows: it is aborted, and every partition
+        still assigned is rebuilt from its last commit.
+        """
+        with self.producer_lock:
+            self.publisher.abort()
+            with self.lock:
+                self.unconfirmed = []
+                self._remember_counted(partitions)
+                for p in partitions:
+                    self.pipeline.revoke(p)
+                self.state.health.assigned = len(self.pipeline.streams)
+                remaining = bool(self.pipeline.streams)
+        if self.publisher.transactional and remaining:
+            self._rebuild_later()
+        log.warning("lost partitions %s; their state was dropped", sorted(partitions))
+
+    # -- the steps ------------------------------------------------------------------------------
+
+    def _send(self, windows: list[ClosedWindow]) -> None:
+        """Send closed windows and move the markers (under both locks)."""
+        if windows:
+            self.publisher.windows(windows, self.pipeline.metric_keys)
+            self.pipeline.mark_published(windows)
+            self.unconfirmed.extend(windows)
+
+    def _offsets(self) -> dict[Any, OffsetAndMetadata]:
+        """The offsets and markers of every partition, after closed windows were sent."""
+        out = {}
+        for p, stream in self.pipeline.streams.items():
+            for topic, (offset, metadata) in commit_plan(stream).items():
+                out[TopicPartition(self.topics[topic], p)] = OffsetAndMetadata(offset, metadata, -1)
+        return out
+
+    def _commit(self, offsets: Mapping[Any, Any]) -> None:
+        if self.unconfirmed:  # only commits that carry windows are crash points
+            failpoint("before-commit", f"{len(self.unconfirmed)} windows uncommitted")
+        try:
+            self.publisher.commit(offsets, self.consumer)
+        except BROKER_ERRORS as error:
+            if not self.publisher.transactional:  # records are out; a rebalance re-commits
+                log.warning("commit failed (%s); will retry after the rebalance", error)
+            else:
+                log.warning("transaction failed (%s); rebuilding from the last commit", error)
+                self.publisher.abort()
+                self._rebuild_later()  # done by the loop, outside the producer lock
+                return
+        if self.unconfirmed:
+            failpoint("after-commit", f"{len(self.unconfirmed)} windows committed, uncounted")
+        with self.lock:
+            self._confirm()
+
+    def _confirm(self) -> None:
+        """The sent windows are durable: count them (under the state lock)."""
+        self.pipeline.confirm_published(self.unconfirmed)
+        self.unconfirmed = []
+
+    def _rebuild_later(self) -> None:
+        with self._rebuild_lock:
+            self._needs_rebuild = True
+
+    def _remember_counted(self, partitions: Iterable[int]) -> None:
+        """Before dropping partitions uncommitted: what this process counted already."""
+        for p in partitions:
+            s = self.pipeline.streams.get(p)
+            if s is not None:
+                marks = [s.counted_through(t) for t in TOPICS]
+                old = self.counted.get(p, marks)
+                self.counted[p] = [max(a, b) for a, b in zip(marks, old, strict=True)]

@@ -1,0 +1,128 @@
+"""Everything that reaches into kafka-python's private attributes, in one place.
+
+kafka-python's public API waits without a limit on transactional requests, has no way
+to commit offsets or fetch committed offsets from inside a rebalance callback (which
+runs on its IO thread), and parks fetched records of paused partitions in a way that
+can starve them after a resume. The service works around each through the internals
+below, written for kafka-python 3.0: :func:`check_version` refuses any other version at
+start, with the version found and the one to install.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import kafka
+from kafka import KafkaConsumer, KafkaProducer
+
+from service.errors import ConfigError
+
+log = logging.getLogger("retrieval_monitor.kafka")
+
+SUPPORTED_SERIES = (3, 0)
+"""The kafka-python release series these internals were written for."""
+
+
+def check_version(version: str = kafka.__version__) -> None:
+    """Raise ConfigError unless ``version`` is a kafka-python 3.0.x release."""
+    try:
+        series = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        series = ()
+    if series != SUPPORTED_SERIES:
+        major, minor = SUPPORTED_SERIES
+        raise ConfigError(
+            f"kafka-python {version} is installed, but the Kafka edge relies on internals of "
+            f"kafka-python {major}.{minor}.x (service/broker/compat.py); install it with "
+            f"pip install 'kafka-python>={major}.{minor}.12,<{major}.{minor + 1}'"
+        )
+
+
+class Pending(Protocol):
+    """A request of kafka-python's transaction manager (``TransactionalRequestResult``)."""
+
+    def wait(self, timeout_ms: int | None = None) -> bool:
+        """True once answered (successfully or not) within ``timeout_ms``."""
+
+
+# -- the consumer ----------------------------------------------------------------------------
+
+
+async def commit_in_callback(consumer: KafkaConsumer, offsets: Mapping[Any, Any]) -> None:
+    """Commit ``offsets`` from a rebalance callback (the coordinator's async commit)."""
+    await consumer._coordinator._commit_offsets_sync_async(dict(offsets))
+
+
+async def committed_in_callback(
+    consumer: KafkaConsumer, partitions: set[Any], timeout_ms: int
+) -> dict[Any, Any]:
+    """The committed offsets (with metadata) of ``partitions``, from a rebalance callback."""
+    coordinator = consumer._coordinator
+    committed: dict[Any, Any] = await coordinator.fetch_committed_offsets_async(
+        partitions, timeout_ms=timeout_ms
+    )
+    return committed
+
+
+def unpark_resumed(consumer: KafkaConsumer) -> None:
+    """Work around a kafka-python 3.0 fetcher bug that starves resumed partitions.
+
+    Records fetched for a partition that is then paused are parked (KAFKA-7548), and the
+    partition is not fetched again until they are handed back. ``Fetcher`` hands them
+    back only while its in-line slot ``_next_partition_records`` is ``None``, but it
+    leaves drained objects there, so a resumed partition could stay parked, and unread,
+    forever (seen here: a feedback partition's position frozen after a resume, its lag
+    never shrinking). Before each poll, parked records of partitions no longer paused
+    are dropped instead: their position never moved past them, so the next fetch reads
+    them again from the broker.
+    """
+    fetcher = getattr(consumer, "_fetcher", None)
+    parked = getattr(fetcher, "_paused_partition_records", None)
+    if not parked:
+        return
+    subscription = getattr(consumer, "_subscription", None)
+    if subscription is None:
+        return
+    for tp in [tp for tp in parked if not subscription.is_paused(tp)]:
+        parked.pop(tp).drain()
+
+
+# -- the producer ----------------------------------------------------------------------------
+
+
+def send_offsets(producer: KafkaProducer, offsets: Mapping[Any, Any], metadata: Any) -> Pending:
+    """Start adding consumer offsets to the open transaction (not waiting for it)."""
+    pending: Pending = producer._transaction_manager.send_offsets_to_transaction(
+        dict(offsets), metadata
+    )
+    return pending
+
+
+def begin_commit(producer: KafkaProducer) -> Pending:
+    """Start committing the open transaction (not waiting for it)."""
+    pending: Pending = producer._transaction_manager.begin_commit()
+    return pending
+
+
+def begin_abort(producer: KafkaProducer) -> Pending:
+    """Start aborting the open transaction (not waiting for it)."""
+    pending: Pending = producer._transaction_manager.begin_abort()
+    return pending
+
+
+def wake_sender(producer: KafkaProducer) -> None:
+    """Make the sender thread send a request just queued, instead of at its next wake-up."""
+    producer._sender.wakeup()
+
+
+def stop_sender(producer: KafkaProducer, timeout_s: float = 5.0) -> None:
+    """Stop the sender thread now, dropping what it has not sent.
+
+    ``close(timeout=0)`` alone does not: it first flushes, which raises while records
+    are pending, and leaves the sender thread running (and retrying).
+    """
+    sender = producer._sender
+    sender.force_close()
+    sender.join(timeout_s)
