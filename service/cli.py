@@ -1,23 +1,45 @@
-"""The ``retrieval-monitor`` command line."""
+"""The ``retrieval-monitor`` command line: every command, and one exit-code policy.
+
+``evaluate`` and ``compare`` (offline golden sets), ``run`` (the service), ``demo``,
+``replay`` and ``simulate``. Exit codes (``docs/configuration.md``): 0 success, 2 bad input
+or configuration (a :class:`~service.errors.RetrievalMonitorError`, its message printed),
+1 a failure while running (the traceback printed).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import orjson
+
 from service import __version__
-from service.commands import STREAMING_HANDLERS, add_streaming_commands
-from service.config import parse_ks
-from service.errors import ConfigError, RetrievalMonitorError
-from service.metrics.ir import DEFAULT_KS
+from service.broker.produce import produce_events
+from service.config import add_settings_flags, parse_ks, settings_from_args
+from service.demo import DemoOptions, run_demo
+from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
+from service.metrics.ir import DEFAULT_KS, metric_keys
+from service.monitor import MonitorConfig
 from service.offline.files import load_judgments, load_run
 from service.offline.golden import compare, evaluate
 from service.offline.report import find_vs_rank, render_comparison, render_evaluation
-
-EXIT_BAD_INPUT = 2
+from service.replay import replay
+from service.run import run_service
+from service.sim.simulator import (
+    HYBRID_V7,
+    HYBRID_V8,
+    SimulationConfig,
+    generate,
+    write_jsonl,
+)
+from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms, wall_ms
 
 
 def _ks_arg(text: str) -> tuple[int, ...]:
@@ -80,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("--seed", type=int, default=0, help="seed of the randomisation test")
     cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
-    add_streaming_commands(commands)
+    _add_streaming_commands(commands)
     return parser
 
 
@@ -116,11 +138,204 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    handlers = {"evaluate": _evaluate, "compare": _compare, **STREAMING_HANDLERS}
+def _float(text: str) -> float:
     try:
-        return handlers[args.command](args)
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _duration_hours(text: str) -> float:
+    try:
+        return parse_duration_ms(text) / HOUR_MS
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _start_ms(text: str) -> int:
+    """``now``, ``now-6h`` or an RFC 3339 time with an offset."""
+    now = wall_ms()
+    if text == "now":
+        return now
+    if text.startswith("now-"):
+        try:
+            return now - parse_duration_ms(text[4:])
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+    start_ms = parse_aware_ms(text)
+    if start_ms is None:
+        raise argparse.ArgumentTypeError(
+            f"expected now, now-6h or RFC 3339 with an offset, got {text!r}"
+        )
+    return start_ms
+
+
+def _add_streaming_commands(commands: Any) -> None:
+    """Register run, demo, replay and simulate on the top-level subparsers."""
+    run = commands.add_parser(
+        "run",
+        help="the service: consume Kafka, serve HTTP",
+        description="Consume Kafka, serve HTTP.",
+    )
+    add_settings_flags(run)
+
+    demo = commands.add_parser(
+        "demo",
+        help="the pipeline and HTTP server fed by the built-in simulator (no Kafka)",
+        description="Simulated traffic with a bad deploy part way, in accelerated time.",
+    )
+    demo.add_argument("--hours", type=_duration_hours, default=8.0, help="simulated span (8h)")
+    demo.add_argument("--deploy-at", type=_duration_hours, default=5.0, help="deploy time (5h)")
+    demo.add_argument("--quality-drop", type=_float, default=0.15, help="find-rate drop (0.15)")
+    demo.add_argument("--queries-per-hour", type=_float, default=3600.0)
+    demo.add_argument("--speed", type=_float, default=300.0, help="simulated s per wall s (300)")
+    demo.add_argument("--seed", type=int, default=7)
+    demo.add_argument("--exit-when-done", action="store_true", help="stop when all is final")
+    add_settings_flags(demo)
+
+    replay = commands.add_parser(
+        "replay",
+        help="the same pipeline over JSONL event files",
+        description='Replay {"topic": "queries"|"feedback", "event": {...}} lines in file order.',
+    )
+    replay.add_argument("files", nargs="+", metavar="FILE")
+    replay.add_argument(
+        "--windows-out", help="write closed windows as JSON lines here ('-': stdout)"
+    )
+    replay.add_argument(
+        "--regressions-out", help="write each regression opened as a JSON line ('-': stdout)"
+    )
+    add_settings_flags(replay)
+
+    sim = commands.add_parser(
+        "simulate",
+        help="write synthetic traffic to Kafka or JSONL",
+        description="Synthetic queries and position-biased feedback, reproducible from a seed.",
+    )
+    target = sim.add_mutually_exclusive_group(required=True)
+    target.add_argument("--jsonl", help="write the replay format to this file")
+    target.add_argument("--kafka", action="store_true", help="produce to the input topics")
+    sim.add_argument("--start", type=_start_ms, default=None, help="now, now-6h or RFC 3339")
+    sim.add_argument("--hours", type=_duration_hours, default=6.0, help="simulated span (6h)")
+    sim.add_argument("--queries-per-hour", type=_float, default=3600.0)
+    sim.add_argument("--deploy-at", type=_duration_hours, default=None, help="switch to v8 then")
+    sim.add_argument("--quality-drop", type=_float, default=0.0, help="find-rate drop at deploy")
+    sim.add_argument(
+        "--rank-decay",
+        type=_float,
+        default=HYBRID_V8.rank_decay,
+        help=f"rank decay of the deployed version ({HYBRID_V8.rank_decay}; higher ranks lower)",
+    )
+    sim.add_argument("--seed", type=int, default=7)
+    add_settings_flags(sim)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return run_service(settings_from_args(args))
+
+
+def _demo(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    if not 0 <= args.deploy_at <= args.hours:
+        raise ConfigError("--deploy-at must lie within --hours")
+    options = DemoOptions(
+        hours=args.hours,
+        deploy_at_hours=args.deploy_at,
+        quality_drop=args.quality_drop,
+        queries_per_hour=args.queries_per_hour,
+        speed=args.speed,
+        seed=args.seed,
+        exit_when_done=args.exit_when_done,
+    )
+    config = MonitorConfig.from_settings(settings)
+    return run_demo(options, settings.http_host, settings.http_port, config)
+
+
+def _replay(args: argparse.Namespace) -> int:
+    if args.windows_out == "-" and args.regressions_out == "-":
+        raise ConfigError("--windows-out and --regressions-out cannot both be '-' (stdout)")
+    settings = settings_from_args(args)
+    config = MonitorConfig.from_settings(settings)
+    out = None
+    if args.windows_out == "-":
+        out = sys.stdout.buffer
+    elif args.windows_out:
+        out = Path(args.windows_out).open("wb")  # noqa: SIM115 - closed below
+    keys = metric_keys(config.pipeline.ks)
+
+    def write(windows: list[ClosedWindow]) -> None:
+        if out is not None:
+            for window in windows:
+                out.write(orjson.dumps(window.to_record(keys)) + b"\n")
+
+    try:
+        monitor, report = replay(args.files, config, write)
+    finally:
+        if out is not None and out is not sys.stdout.buffer:
+            out.close()
+    if args.regressions_out:
+        lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in monitor.detector.opened)
+        if args.regressions_out == "-":
+            sys.stdout.buffer.write(lines)
+        else:
+            Path(args.regressions_out).write_bytes(lines)
+    c = monitor.pipeline.counts
+    print(
+        f"replayed {report.lines} lines: {report.invalid} invalid, {report.windows} windows, "
+        f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
+        f"{sum(c.unmatched.values())} unmatched feedback, "
+        f"{len(monitor.detector.opened)} regressions opened",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    duration = int(args.hours * HOUR_MS)
+    start = args.start if args.start is not None else wall_ms() - duration
+    deploy = None if args.deploy_at is None else start + int(args.deploy_at * HOUR_MS)
+    config = SimulationConfig(
+        seed=args.seed,
+        start_ms=start,
+        duration_ms=duration,
+        queries_per_hour=args.queries_per_hour,
+        before=HYBRID_V7,
+        after=replace(HYBRID_V8, rank_decay=args.rank_decay) if deploy is not None else None,
+        switch_at_ms=deploy,
+        quality_drop=args.quality_drop,
+    )
+    if args.jsonl:
+        n = write_jsonl(generate(config), args.jsonl)
+        print(f"wrote {n} events to {args.jsonl}", file=sys.stderr)
+        return 0
+    n = produce_events(settings, generate(config))
+    print(
+        f"produced {n} events to {settings.queries_topic} and {settings.feedback_topic}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "evaluate": _evaluate,
+    "compare": _compare,
+    "run": _run,
+    "demo": _demo,
+    "replay": _replay,
+    "simulate": _simulate,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (argparse itself exits 2 on a bad flag)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return HANDLERS[args.command](args)
     except RetrievalMonitorError as error:
         print(f"retrieval-monitor {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as error:  # a failure while running: the traceback, then exit 1
+        traceback.print_exc()
+        print(f"retrieval-monitor {args.command}: failed: {error}", file=sys.stderr)
+        return EXIT_FAILURE

@@ -6,6 +6,13 @@ so the command line can print its message and exit non-zero instead of a traceba
 
 from __future__ import annotations
 
+EXIT_OK = 0
+"""Exit code of a command that succeeded."""
+EXIT_FAILURE = 1
+"""Exit code of a failure while running (a broker error the service cannot recover from)."""
+EXIT_BAD_INPUT = 2
+"""Exit code of bad input or configuration: a RetrievalMonitorError, its message printed."""
+
 
 class RetrievalMonitorError(Exception):
     """Base class of every error raised on purpose by retrieval-monitor."""

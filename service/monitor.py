@@ -14,7 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from service.config import Settings
-from service.detect.detector import Detector, DetectorConfig
+from service.detect.detector import Detector
+from service.detect.model import DetectorConfig
 from service.stream.counters import Counts
 from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig

@@ -40,7 +40,8 @@ def run_service(settings: Settings) -> int:
     stop_on_signals(stop, again)
     try:
         edge.run(stop)
-        state.health.stopped = True
+        with state.lock:
+            state.health.stopped = True
         if settings.shutdown_grace:
             log.info(
                 "handed over; serving the final /metrics for %d ms (a second SIGTERM ends it)",

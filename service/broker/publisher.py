@@ -31,6 +31,7 @@ from kafka.errors import KafkaError
 
 from service.broker import compat
 from service.errors import EventError
+from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.publisher")
@@ -210,7 +211,7 @@ class Publisher(ABC):
             key = f"{record.topic}[{record.partition}]@{record.offset}".encode()
         self._send(self.deadletter_topic, key, value, headers)
 
-    def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[str, ...]) -> None:
+    def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[MetricKey, ...]) -> None:
         """Send closed windows (durable only after :meth:`commit`)."""
         for window in windows:
             record = orjson.dumps(window.to_record(metric_keys))

@@ -157,8 +157,7 @@ def create_app(state: ServiceState) -> FastAPI:
     def metrics(request: Request) -> Response:
         """Every series, in the format the scraper asks for (``Accept``), gzip if accepted."""
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        names = request.query_params.getlist("name[]")
-        body = encoder(registry.restricted_registry(names) if names else registry)
+        body = encoder(registry)
         headers = {}
         if gzip_accepted(request.headers.get("accept-encoding", "")):
             body = gzip.compress(body)

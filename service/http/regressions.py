@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
-from service.detect.detector import Comparison, Regression, compare_metrics
+from service.detect.compare import compare_metrics
+from service.detect.model import BoundaryTest, Regression
 from service.http.deps import State, span_ms
 from service.metrics.aggregates import MetricAggregates, merge
 from service.stream.windows import SliceTotals
@@ -23,7 +24,7 @@ class Side(BaseModel):
     mean: float | None
 
 
-class MetricComparison(BaseModel):
+class MetricDifference(BaseModel):
     """Welch's test of one metric, candidate minus baseline."""
 
     metric: str
@@ -49,7 +50,7 @@ class CompareResponse(BaseModel):
     watermark: str | None
     min_labelled: int
     min_effect: float
-    metrics: list[MetricComparison]
+    metrics: list[MetricDifference]
 
 
 class RegressionView(BaseModel):
@@ -92,7 +93,7 @@ def _merged(
 
 
 def _regression(regression: Regression) -> RegressionView:
-    latest: Comparison = regression.latest
+    latest: BoundaryTest = regression.latest
     return RegressionView(
         retriever=latest.retriever,
         segment=latest.segment,
@@ -151,7 +152,7 @@ def compare(
         watermark=None if wm is None else rfc3339(wm),
         min_labelled=detector.min_labelled,
         min_effect=detector.min_effect,
-        metrics=[MetricComparison.model_validate(row) for row in rows],
+        metrics=[MetricDifference.model_validate(row) for row in rows],
     )
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from service.metrics.ir import MetricKey
 from service.metrics.stats import MeanEstimate, mean_estimate
 
 SCALE_BITS = 52
@@ -89,7 +90,7 @@ class Moments:
         )
 
 
-MetricAggregates = dict[str, Moments]
+MetricAggregates = dict[MetricKey, Moments]
 """Metric key (``recall@5``) -> its moments."""
 
 

@@ -26,6 +26,9 @@ from numpy.typing import NDArray
 
 from service.errors import ConfigError
 
+MetricKey = str
+"""The one name of a metric: ``recall@5``, ``hit_rate@10``, ``mrr``, ``context_precision``."""
+
 AT_K_FAMILIES = ("hit_rate", "recall", "precision", "ndcg")
 """Metric families evaluated at each cutoff k."""
 
@@ -48,7 +51,7 @@ def validate_ks(ks: Sequence[int]) -> tuple[int, ...]:
     return tuple(sorted({int(k) for k in ks}))
 
 
-def metric_keys(ks: Sequence[int]) -> tuple[str, ...]:
+def metric_keys(ks: Sequence[int]) -> tuple[MetricKey, ...]:
     """All metric keys for these cutoffs, e.g. ``recall@5``, ``mrr``, in report order."""
     cutoffs = validate_ks(ks)
     return tuple(f"{family}@{k}" for family in AT_K_FAMILIES for k in cutoffs) + SINGLE_METRICS

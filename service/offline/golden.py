@@ -123,7 +123,7 @@ def evaluate(judgments: Judgments, run: Run, ks: Sequence[int] = DEFAULT_KS) -> 
 
 
 @dataclass(frozen=True)
-class MetricComparison:
+class PairedMetric:
     """One metric of a paired comparison; ``delta`` is candidate minus baseline."""
 
     metric: str
@@ -139,14 +139,14 @@ class MetricComparison:
 
 
 @dataclass(frozen=True)
-class Comparison:
+class PairedComparison:
     """Paired comparison of two runs on the same labelled golden queries."""
 
     baseline_name: str
     candidate_name: str
     queries: int
     alpha: float
-    metrics: list[MetricComparison]
+    metrics: list[PairedMetric]
 
     @property
     def verdict(self) -> str:
@@ -199,7 +199,7 @@ def compare(
     n_resamples: int = 10_000,
     seed: int = 0,
     alpha: float = 0.05,
-) -> Comparison:
+) -> PairedComparison:
     """Paired sign-flip randomisation test per metric, Holm-corrected across metrics."""
     if not 0.0 < alpha < 1.0:
         raise ConfigError(f"alpha must lie in (0, 1), got {alpha!r}")
@@ -225,7 +225,7 @@ def compare(
         if delta is not None and p_adj < alpha and delta != 0.0:
             verdict = "better" if delta > 0 else "worse"
         metrics.append(
-            MetricComparison(
+            PairedMetric(
                 metric=key,
                 n=n,
                 baseline=mean_a,
@@ -238,7 +238,7 @@ def compare(
                 verdict=verdict,
             )
         )
-    return Comparison(names[0], names[1], ev_a.labelled, alpha, metrics)
+    return PairedComparison(names[0], names[1], ev_a.labelled, alpha, metrics)
 
 
 class Retriever(Protocol):

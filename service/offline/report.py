@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.metrics.ir import AT_K_FAMILIES, SINGLE_METRICS
-from service.offline.golden import Comparison, Evaluation
+from service.offline.golden import Evaluation, PairedComparison
 
 FOUND_LOW = 0.5
 """recall at the largest k below this: the answer is often not found at all."""
@@ -118,7 +118,7 @@ def _num(value: float | None, digits: int = 3, signed: bool = False) -> str:
     return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
 
 
-def render_comparison(cmp: Comparison, n_resamples: int) -> str:
+def render_comparison(cmp: PairedComparison, n_resamples: int) -> str:
     """One row per metric: both means, delta with its interval, p-values, verdict."""
     a, b = cmp.baseline_name, cmp.candidate_name
     lines = [

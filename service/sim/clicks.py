@@ -26,12 +26,9 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 from service.errors import ConfigError
-
-if TYPE_CHECKING:
-    from service.sim.simulator import SimulationConfig
 
 LONG_DWELL_MS = 30_000
 """The contract's long-click threshold: a click with at least this dwell has grade 2."""
@@ -114,8 +111,29 @@ def simulate_clicks(
     return clicks
 
 
+class FeedbackModel(Protocol):
+    """What the feedback of one query depends on (``SimulationConfig`` has it all)."""
+
+    @property
+    def clicks(self) -> ClickModel: ...
+    @property
+    def max_feedback_delay_ms(self) -> int: ...
+    @property
+    def context_k(self) -> int: ...
+    @property
+    def citation_delay_ms(self) -> tuple[int, int]: ...
+    @property
+    def citation_rate(self) -> float: ...
+    @property
+    def citation_noise_rate(self) -> float: ...
+    @property
+    def unretrieved_citation_rate(self) -> float: ...
+    @property
+    def judgment_rate(self) -> float: ...
+
+
 def simulate_feedback(
-    rng: random.Random, results: list[str], relevant: Mapping[str, int], config: SimulationConfig
+    rng: random.Random, results: list[str], relevant: Mapping[str, int], config: FeedbackModel
 ) -> Iterator[tuple[int, str, str, dict[str, object]]]:
     """(delay_ms, chunk_id, signal, extra fields) of each feedback event of one query."""
     c = config

@@ -37,3 +37,26 @@ class Counts:
         key = (retriever, segment)
         current = self.published.get(key)
         self.published[key] = dict(metrics) if current is None else merge((current, metrics))
+
+
+OTHER = "other"
+"""What a label value beyond the cap becomes."""
+
+
+class LabelCap:
+    """Keeps at most ``limit`` distinct values of a label; later ones become ``other``."""
+
+    def __init__(self, name: str, limit: int, counts: Counts) -> None:
+        self.name = name
+        self.limit = limit
+        self.counts = counts
+        self.values: set[str] = set()
+
+    def __call__(self, value: str) -> str:
+        if value in self.values:
+            return value
+        if len(self.values) < self.limit:
+            self.values.add(value)
+            return value
+        self.counts.label_overflow[self.name] += 1
+        return OTHER

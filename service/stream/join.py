@@ -20,6 +20,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from service.stream.counters import Counts
 from service.stream.topics import FEEDBACK, QUERIES, Topic
@@ -74,7 +75,20 @@ class PendingQuery:
 
 
 WindowKey = tuple[str, str, int]
-Orphan = tuple[int, int, int, int, bool]
+
+
+class Orphan(NamedTuple):
+    """Feedback waiting for its query (it may arrive first: another topic, another lag)."""
+
+    ts_ms: int
+    chunk: int
+    """The chunk id's hash."""
+    grade: int
+    offset: int
+    unclassified: bool
+    """Not yet counted as matched or unmatched (listed as ``waiting`` in commits)."""
+
+
 """Waiting feedback: (timestamp ms, chunk hash, grade, offset, still to be counted)."""
 
 
@@ -205,9 +219,9 @@ class PartitionStream:
         unclassified = count or offset in self.waiting_offsets
         waiting = self.orphans.get(query_id)
         if waiting is None:
-            self.orphans[query_id] = [(ts_ms, chunk, grade, offset, unclassified)]
+            self.orphans[query_id] = [Orphan(ts_ms, chunk, grade, offset, unclassified)]
         else:
-            waiting.append((ts_ms, chunk, grade, offset, unclassified))
+            waiting.append(Orphan(ts_ms, chunk, grade, offset, unclassified))
         self.n_orphans += 1
 
     def _attach(self, query: PendingQuery, ts_ms: int, chunk: int, grade: int, offset: int) -> bool:
@@ -258,11 +272,11 @@ class PartitionStream:
         orphans = self.orphans
         while orphans:
             query_id, waiting = next(iter(orphans.items()))
-            if max(item[0] for item in waiting) >= limit:
+            if max(o.ts_ms for o in waiting) >= limit:
                 break
             orphans.popitem(last=False)
             self.n_orphans -= len(waiting)
-            counted = sum(1 for item in waiting if item[4])
+            counted = sum(1 for o in waiting if o.unclassified)
             self.counts.unmatched["no_query"] += counted
         queue = self._recent_queue
         while queue and queue[0][0] < wm:
@@ -317,11 +331,13 @@ class PartitionStream:
 
     def oldest_orphan_offset(self) -> int:
         """Offset of the oldest feedback waiting for its query (the orphans must not be empty)."""
-        return next(iter(self.orphans.values()))[0][3]
+        return next(iter(self.orphans.values()))[0].offset
 
     def unclassified_offsets(self) -> list[int]:
         """Offsets of waiting feedback not yet counted as matched or unmatched, ascending."""
-        return sorted(item[3] for waiting in self.orphans.values() for item in waiting if item[4])
+        return sorted(
+            o.offset for waiting in self.orphans.values() for o in waiting if o.unclassified
+        )
 
     def commit_offsets(self) -> tuple[int, int]:
         """Per topic, the lowest offset still needed to rebuild the unpublished state.

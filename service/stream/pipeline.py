@@ -19,7 +19,7 @@ import numpy as np
 from service.errors import EventError
 from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
-from service.stream.counters import Counts
+from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.stream.join import JoinConfig, PartitionStream, WindowKey
 from service.stream.labels import LabelPolicy
@@ -27,8 +27,6 @@ from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
-
-OTHER = "other"
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,25 +41,6 @@ class PipelineConfig:
     max_label_values: int = 50
     rolling_ms: tuple[int, ...] = (15 * MINUTE_MS, HOUR_MS, DAY_MS)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
-
-
-class LabelCap:
-    """Keeps at most ``limit`` distinct values of a label; later ones become ``other``."""
-
-    def __init__(self, name: str, limit: int, counts: Counts) -> None:
-        self.name = name
-        self.limit = limit
-        self.counts = counts
-        self.values: set[str] = set()
-
-    def __call__(self, value: str) -> str:
-        if value in self.values:
-            return value
-        if len(self.values) < self.limit:
-            self.values.add(value)
-            return value
-        self.counts.label_overflow[self.name] += 1
-        return OTHER
 
 
 def chunk_hashes(results: Iterable[str | ScoredResult]) -> array[int]:
@@ -242,7 +221,7 @@ class Pipeline:
             if not dropped:
                 return
             counted_from = victim.counted_from[FEEDBACK]
-            self.counts.evicted["feedback"] += sum(1 for o in dropped if o[3] >= counted_from)
+            self.counts.evicted["feedback"] += sum(1 for o in dropped if o.offset >= counted_from)
 
     # -- time ----------------------------------------------------------------------------
 

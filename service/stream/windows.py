@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.metrics.aggregates import MetricAggregates, Moments, merge
+from service.metrics.ir import MetricKey
 from service.times import parse_aware_ms, rfc3339
 
 SliceKey = tuple[str, str]
@@ -47,7 +48,7 @@ class ClosedWindow:
         """``<retriever>|<segment>|<window start, RFC 3339>|<partition>``."""
         return f"{self.retriever}|{self.segment}|{rfc3339(self.start_ms)}|{self.partition}"
 
-    def to_record(self, metric_keys: Iterable[str]) -> dict[str, Any]:
+    def to_record(self, metric_keys: Iterable[MetricKey]) -> dict[str, Any]:
         """The published JSON object; every metric key is present (count 0 when no data)."""
         empty = Moments()
         return {

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.figures import figure
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -28,6 +30,8 @@ def test_bench_evaluate_runs_and_all_variants_agree() -> None:
     ).stdout
     assert "mean ndcg@10 equal in all variants (1e-9): True" in out
     assert out.count("ratio pytrec_eval time / our time") == 2
+    figure(out, "ratio pytrec_eval time / our time, end to end, files to metrics")
+    figure(out, "ratio pytrec_eval time / our time, evaluation of in-memory data")
 
 
 def test_bench_detector_runs_and_detects_the_drops() -> None:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.figures import figure
+
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -25,14 +27,18 @@ def test_bench_replay_runs_and_every_query_is_finalised() -> None:
     assert "data: 3000 events" in out
     assert "every variant read 3000 events, none invalid, all" in out
     assert re.search(r"queries finalised in \d+ windows: True", out)
-    assert re.search(r"ratio replay / bare events/s: \d+\.\d{3} \(target >= 0\.2\)", out)
-    assert re.search(r"ratio validate-only / bare events/s: \d+\.\d{3}", out)
+    figure(out, "ratio replay / bare events/s")
+    figure(out, "ratio validate-only / bare events/s")
 
 
 def test_bench_memory_runs_and_nothing_is_finalised_or_evicted() -> None:
     out = _run("bench_memory.py", "--queries", "2000", "--repeat", "1", "--traced", "500")
     assert "pipeline holds all 2,000 queries pending, none evicted or finalised: True" in out
+    # RSS growth over 2,000 queries is within the allocator's noise (it may even be
+    # negative): the tiny run checks the lines are there, and the deterministic figures
     assert "ratio pipeline / naive bytes per pending query:" in out
     assert re.search(r"pipeline bytes per pending query: -?\d+ \(target < 500\)", out)
+    figure(out, "tracemalloc at 500")
+    figure(out, "total accounted")
     # the per-object breakdown: 20 int64 hashes are 160 bytes plus the bytes header
     assert re.search(r"results: bytes of 20 int64 hashes\s+193\.0 B", out)

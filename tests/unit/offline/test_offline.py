@@ -17,7 +17,7 @@ from service.offline.files import Run, load_judgments, load_run
 from service.offline.golden import compare, evaluate, evaluate_retriever
 from service.offline.report import find_vs_rank
 
-GOLDEN = Path(__file__).resolve().parents[2] / "examples" / "golden"
+GOLDEN = Path(__file__).resolve().parents[3] / "examples" / "golden"
 QRELS = GOLDEN / "qrels.jsonl"
 RUN_A = GOLDEN / "run_hybrid_v7.jsonl"
 RUN_B = GOLDEN / "run_dense_v8.jsonl"

@@ -8,7 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from service.detect.detector import Detector, DetectorConfig, compare_metrics
+from service.detect.compare import compare_metrics
+from service.detect.detector import Detector
+from service.detect.model import DetectorConfig
 from service.metrics.aggregates import aggregate
 from service.metrics.stats import holm_adjust, t_sf, welch_test
 from service.stream.windows import ClosedWindow

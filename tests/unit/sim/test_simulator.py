@@ -78,10 +78,10 @@ def test_sequence_does_not_depend_on_the_process_hash_seed() -> None:
     config = SimulationConfig(duration_ms=10 * MINUTE_MS, unretrieved_citation_rate=1.0)
     code = (
         "from service.sim.simulator import SimulationConfig\n"
-        "from tests.unit.test_simulator import digest\n"
+        "from tests.unit.sim.test_simulator import digest\n"
         "print(digest(SimulationConfig(duration_ms=600_000, unretrieved_citation_rate=1.0)))"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
         out = subprocess.run(

@@ -210,3 +210,32 @@ def test_no_data_is_no_sample_and_labels_are_capped() -> None:
         ]
         == 1.0
     )
+
+
+def test_the_root_links_every_route(replayed: tuple[Monitor, list[ClosedWindow]]) -> None:
+    client, _ = _client(replayed[0])
+    body = client.get("/").json()
+    links = {link["href"] for link in body["links"]}
+    assert {"/metrics", "/healthz", "/readyz", "/api/v1/regressions", "/docs"} <= links
+    for link in links:  # every link answers (readiness may say 503: not assigned here)
+        assert client.get(link).status_code in (200, 503), link
+    page = client.get("/", headers={"Accept": "text/html"})
+    assert page.headers["content-type"].startswith("text/html")
+    assert '<a href="/metrics">' in page.text
+
+
+def test_metrics_negotiate_openmetrics_and_gzip(
+    replayed: tuple[Monitor, list[ClosedWindow]],
+) -> None:
+    client, _ = _client(replayed[0])
+    plain = client.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert "content-encoding" not in plain.headers
+    accept = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    om = client.get("/metrics", headers={"Accept": accept, "Accept-Encoding": "identity"})
+    assert om.headers["content-type"].startswith("application/openmetrics-text")
+    assert om.text.endswith("# EOF\n")
+    assert "retrieval_queries_total{" in om.text
+    zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
+    assert zipped.headers["content-encoding"] == "gzip"
+    assert _samples(zipped.text) == _samples(plain.text)  # httpx decompressed it
