@@ -35,7 +35,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 COPIES = 6
 

@@ -29,7 +29,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 NOW_S = int(time.time())
 

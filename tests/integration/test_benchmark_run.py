@@ -11,7 +11,7 @@ import pytest
 
 from tests.figures import figure
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_run_kafka.py"
 

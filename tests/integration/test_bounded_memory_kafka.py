@@ -57,7 +57,7 @@ PLATEAU = 1.15
 SAMPLE_S = 0.5
 
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 
 @dataclass

@@ -38,7 +38,7 @@ from tests.integration.kafka_helpers import (
 )
 from tests.integration.private_broker import PrivateBroker
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 
 @pytest.fixture

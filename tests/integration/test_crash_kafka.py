@@ -34,7 +34,7 @@ from tests.integration.kafka_helpers import (
     traffic,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 KILLS = 5
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.kafka_helpers import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _get(port: int, path: str) -> bytes:

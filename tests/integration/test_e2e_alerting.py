@@ -102,6 +102,7 @@ def _regression_series(stack: Stack) -> dict[tuple[tuple[str, str], ...], float]
     }
 
 
+@pytest.mark.slow
 def test_a_bad_deploy_pages_on_call_and_a_good_one_does_not(stacks: tuple[Stack, Stack]) -> None:
     bad, control = stacks
     for stack in stacks:

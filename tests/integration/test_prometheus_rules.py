@@ -105,6 +105,7 @@ def test_rule_files_are_valid() -> None:
     _run("promtool", "check", "rules", *sorted((PROMETHEUS_DIR / "rules").glob("*.yml")))
 
 
+@pytest.mark.slow
 @pytest.mark.integration
 def test_rule_unit_tests_pass() -> None:
     assert _test_files(), "no promtool test files in deploy/prometheus/tests/"

@@ -36,7 +36,7 @@ from tests.integration.kafka_helpers import (
     wait_all_published,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 REPLICA = {**FAST, "max_poll_records": "100", "commit_interval": "200ms", "shutdown_grace": "60s"}
 

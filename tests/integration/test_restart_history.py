@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from service.sim.simulator import generate
 from service.times import rfc3339
 from tests.integration.kafka_helpers import ServiceProcess, Topics, deploy_traffic, produce
@@ -30,6 +32,7 @@ def _rolling(service: ServiceProcess) -> dict[tuple[str, str], tuple[int, int]]:
     return {(s["retriever"], s["segment"]): (s["queries"], s["labelled"]) for s in body["slices"]}
 
 
+@pytest.mark.slow
 def test_a_restart_keeps_rolling_views_and_open_regressions(topics: Topics, tmp_path: Path) -> None:
     sim = deploy_traffic(bad=True, seed=21)
     produce(topics, generate(sim))

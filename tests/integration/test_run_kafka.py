@@ -28,7 +28,7 @@ from tests.integration.kafka_helpers import (
     wait_all_final,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def test_run_equals_offline_evaluation(topics: Topics, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ from tests.integration.kafka_helpers import (
 )
 from tests.integration.private_broker import PrivateBroker
 
-pytestmark = [pytest.mark.integration, pytest.mark.faults]
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 USER = "monitor"
 PASSWORD = f"s3cr3t-{uuid.uuid4()}"

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.figures import figure
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -34,6 +36,7 @@ def test_bench_evaluate_runs_and_all_variants_agree() -> None:
     figure(out, "ratio pytrec_eval time / our time, evaluation of in-memory data")
 
 
+@pytest.mark.slow
 def test_bench_detector_runs_and_detects_the_drops() -> None:
     out = subprocess.run(
         [sys.executable, str(BENCHMARKS / "bench_detector.py"), "--runs", "2"],

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.figures import figure
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -31,6 +33,7 @@ def test_bench_replay_runs_and_every_query_is_finalised() -> None:
     figure(out, "ratio validate-only / bare events/s")
 
 
+@pytest.mark.slow
 def test_bench_memory_runs_and_nothing_is_finalised_or_evicted() -> None:
     out = _run("bench_memory.py", "--queries", "2000", "--repeat", "1", "--traced", "500")
     assert "pipeline holds all 2,000 queries pending, none evicted or finalised: True" in out

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
@@ -68,6 +69,7 @@ def test_the_fuzzed_app_has_data_and_an_open_regression() -> None:
     assert regressions, "the fuzz target would not exercise /api/v1/regressions"
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_server_errors(case: schemathesis.Case) -> None:

@@ -213,6 +213,7 @@ def observed_and_true_hit_rate(config: SimulationConfig) -> dict[str, tuple[floa
     return {r: (positive[r] / counts[r], truth[r].hit_rate) for r in counts}
 
 
+@pytest.mark.slow
 def test_a_quality_drop_is_visible_in_the_feedback() -> None:
     """~7,000 queries per side: the standard error of a difference of shares is ~0.008.
     The drop lowers the observed share by ~0.08 and the true hit rate@5 by ~0.12."""
