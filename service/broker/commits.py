@@ -178,7 +178,11 @@ class CommitProtocol:
                 meta = [committed.get(tp) for tp in tps]
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
                 self.pipeline.assign(
-                    p, restart.published_through_ms, restart.counted_from, restart.waiting_offsets
+                    p,
+                    restart.published_through_ms,
+                    restart.counted_from,
+                    restart.waiting_offsets,
+                    restart.closed_through_ms,
                 )
                 counted = self.counted.pop(p, None)
                 if counted is not None:  # dead letters of an aborted transaction go again

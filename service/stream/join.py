@@ -104,6 +104,7 @@ class PartitionStream:
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
+        closed_through_ms: int = NEVER,
     ) -> None:
         self.partition = partition
         self.config = config
@@ -112,6 +113,8 @@ class PartitionStream:
             config.max_out_of_orderness_ms, config.idle_timeout_ms, now_ms
         )
         self.published_through_ms = published_through_ms
+        self.closed_through_ms = closed_through_ms
+        """Every window of this partition ending at or before this has closed (progress)."""
         self.counted_from = list(counted_from)
         # records below this were dead-lettered by an earlier owner (a committed transaction)
         self.dead_letter_from = list(counted_from)
@@ -240,8 +243,17 @@ class PartitionStream:
     # -- time ----------------------------------------------------------------------------
 
     def closable(self) -> list[WindowKey]:
-        """Windows whose every query the watermark has finalised, oldest first."""
-        limit = self.watermark.value - self.config.attribution_ms - self.config.window_ms
+        """Windows whose every query the watermark has finalised, oldest first.
+
+        Moves the progress marker: once they are closed, every window of this partition
+        ending at or before the returned limit is (a later query of one is late).
+        """
+        wm = self.watermark.value
+        if wm != NEVER:
+            limit = wm - self.config.attribution_ms
+            closed = limit - limit % self.config.window_ms
+            self.closed_through_ms = max(self.closed_through_ms, closed)
+        limit = wm - self.config.attribution_ms - self.config.window_ms
         return sorted(key for key in self.windows if key[2] <= limit)
 
     def close(self, key: WindowKey) -> list[PendingQuery]:

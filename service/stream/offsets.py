@@ -2,8 +2,10 @@
 
 Kafka stores a metadata string with each committed offset. Ours records, per topic
 partition, ``published_through`` (the end of the last published window of that
-partition, in ms) and ``counted_through`` (the position up to which records were
-already counted on ``/metrics``). On restart the re-read from the committed offset
+partition, in ms), ``counted_through`` (the position up to which records were
+already counted on ``/metrics``) and ``closed`` (the partition's progress: every window
+of it ending at or before this has closed and is published with this commit, so an
+absent window up to there means no traffic). On restart the re-read from the committed offset
 rebuilds every unpublished window; queries of windows at or before the marker are
 skipped, and re-read records below ``counted_through`` are not counted again.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from service.stream.join import PartitionStream
 from service.stream.topics import FEEDBACK, QUERIES, Topic
@@ -32,10 +35,26 @@ class Restart:
     published_through_ms: int = NEVER
     counted_from: tuple[int, int] = (0, 0)
     waiting_offsets: frozenset[int] = frozenset()
+    closed_through_ms: int = NEVER
+
+
+class Markers(NamedTuple):
+    """The markers of one topic partition's commit."""
+
+    published_through_ms: int
+    counted_through: int
+    waiting: frozenset[int]
+    closed_through_ms: int
+
+
+NO_MARKERS = Markers(NEVER, 0, frozenset(), NEVER)
 
 
 def encode_metadata(
-    published_through_ms: int, counted_through: int, waiting: list[int] | None = None
+    published_through_ms: int,
+    counted_through: int,
+    waiting: list[int] | None = None,
+    closed_through_ms: int = NEVER,
 ) -> str:
     """The commit metadata string of one topic partition (compact JSON, under 4 KB).
 
@@ -49,32 +68,44 @@ def encode_metadata(
         "published_through": published_through_ms,
         "counted": counted_through,
     }
+    if closed_through_ms != NEVER:
+        data["closed"] = closed_through_ms
     if waiting:
         listed = waiting[:MAX_WAITING_LISTED]
         data["waiting"] = [listed[0]] + [b - a for a, b in itertools.pairwise(listed)]
     return json.dumps(data, separators=(",", ":"))
 
 
-def decode_metadata(text: str | None) -> tuple[int, int, frozenset[int]]:
-    """(published_through_ms, counted_through, waiting offsets) of a commit."""
+def decode_metadata(text: str | None) -> Markers:
+    """The markers of a commit (none for metadata written by something else)."""
     if not text:
-        return NEVER, 0, frozenset()
+        return NO_MARKERS
     try:
         data = json.loads(text)
         offsets, total = [], 0
         for delta in data.get("waiting", []):
             total += int(delta)
             offsets.append(total)
-        return int(data["published_through"]), int(data["counted"]), frozenset(offsets)
+        return Markers(
+            int(data["published_through"]),
+            int(data["counted"]),
+            frozenset(offsets),
+            int(data.get("closed", NEVER)),
+        )
     except (ValueError, KeyError, TypeError, AttributeError):
-        return NEVER, 0, frozenset()  # written by something else: start conservatively
+        return NO_MARKERS  # written by something else: start conservatively
 
 
 def restart_from(queries_metadata: str | None, feedback_metadata: str | None) -> Restart:
     """Combine the markers stored with the two topics' commits of one partition."""
-    q_published, q_counted, _ = decode_metadata(queries_metadata)
-    fb_published, fb_counted, fb_waiting = decode_metadata(feedback_metadata)
-    return Restart(max(q_published, fb_published), (q_counted, fb_counted), fb_waiting)
+    q = decode_metadata(queries_metadata)
+    fb = decode_metadata(feedback_metadata)
+    return Restart(
+        max(q.published_through_ms, fb.published_through_ms),
+        (q.counted_through, fb.counted_through),
+        fb.waiting,
+        max(q.closed_through_ms, fb.closed_through_ms),
+    )
 
 
 def commit_plan(stream: PartitionStream) -> dict[Topic, tuple[int, str]]:
@@ -90,5 +121,8 @@ def commit_plan(stream: PartitionStream) -> dict[Topic, tuple[int, str]]:
             continue
         counted = stream.counted_through(topic)
         waiting = stream.unclassified_offsets() if topic == FEEDBACK else None
-        plan[topic] = (offset, encode_metadata(stream.published_through_ms, counted, waiting))
+        metadata = encode_metadata(
+            stream.published_through_ms, counted, waiting, stream.closed_through_ms
+        )
+        plan[topic] = (offset, metadata)
     return plan

@@ -95,6 +95,7 @@ class Pipeline:
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
+        closed_through_ms: int = NEVER,
     ) -> PartitionStream:
         """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
         stream = PartitionStream(
@@ -105,6 +106,7 @@ class Pipeline:
             published_through_ms=published_through_ms,
             counted_from=counted_from,
             waiting_offsets=waiting_offsets,
+            closed_through_ms=closed_through_ms,
         )
         self.streams[partition] = stream
         self._closed_through_ms = None

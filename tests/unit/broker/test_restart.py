@@ -149,6 +149,8 @@ class Outcome:
     reread: int = 0  # records read again after a restart
     reread_of_published: int = 0  # re-read queries of windows published before the restart
     committed: list[tuple[int, int]] = field(default_factory=list)  # (queries, feedback) at cuts
+    progress: list[dict[int, tuple[int, set[str]]]] = field(default_factory=list)
+    """At each stop: per partition, the committed ``closed`` marker and the keys visible."""
 
     def last_per_key(self) -> dict[str, ClosedWindow]:
         return {w.key: w for w in self.published}
@@ -167,13 +169,12 @@ class Outcome:
 
 
 def without_published_marker(metadata: str | None) -> str | None:
-    _, counted, waiting = decode_metadata(metadata)
-    return encode_metadata(NEVER, counted, sorted(waiting))
+    markers = decode_metadata(metadata)
+    return encode_metadata(NEVER, markers.counted_through, sorted(markers.waiting))
 
 
 def without_counted_marker(metadata: str | None) -> str | None:
-    published, _, _ = decode_metadata(metadata)
-    return encode_metadata(published, 0)
+    return encode_metadata(decode_metadata(metadata).published_through_ms, 0)
 
 
 def run(
@@ -232,6 +233,21 @@ def run(
             out.counts.append(life.pipeline.counts)
             offsets = [broker.offsets[TopicPartition(t, 0)].offset for t in TOPIC_NAMES]
             out.committed.append((offsets[0], offsets[1]))
+            visible = {w.key for w in broker.windows()}
+            out.progress.append(
+                {
+                    p: (
+                        max(
+                            decode_metadata(
+                                broker.offsets[TopicPartition(t, p)].metadata
+                            ).closed_through_ms
+                            for t in TOPIC_NAMES
+                        ),
+                        visible,
+                    )
+                    for p in range(partitions)
+                }
+            )
     out.published = broker.windows()
     return out
 
@@ -280,6 +296,25 @@ def test_clean_stops_reproduce_a_clean_run(
     assert restarted.conflicts() == {}
     assert restarted.last_per_key() == clean.last_per_key()
     assert_counters_match(restarted, clean)
+
+
+def test_the_progress_marker_says_which_windows_are_in(
+    records: list[Record], clean: Outcome
+) -> None:
+    """Every window of a partition ending at or before its committed ``closed`` marker is
+    on the topic with that commit (an absent one had no traffic); the marker only grows."""
+    restarted = run(records, cut_points(records))
+    expected = clean.last_per_key()
+    last = dict.fromkeys(range(N_PARTITIONS), NEVER)
+    for stop in restarted.progress:
+        for p, (closed, visible) in stop.items():
+            assert closed > last[p]  # a stop commits progress: it grows, never goes back
+            last[p] = closed
+            due = {k for k, w in expected.items() if w.partition == p and w.end_ms <= closed}
+            assert due  # the marker is past some windows ...
+            assert due <= visible  # ... and all of them are in
+            later = {k for k, w in expected.items() if w.partition == p and w.end_ms > closed}
+            assert later  # ... and not past the data
 
 
 @pytest.mark.parametrize("fractions", [(0.05,), (0.5, 0.501, 0.502), (0.999,)])
