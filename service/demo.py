@@ -73,7 +73,7 @@ def _summary(monitor: Monitor, spans_ms: tuple[int, ...]) -> Table:
         table.add_column(name, justify="left" if name in columns[:2] else "right")
     rows: dict[tuple[int, str], SliceTotals] = {}
     for span in spans_ms if wm is not None else ():
-        for (retriever, _segment), totals in pipeline.closed.rolling(span, wm or 0).items():
+        for (retriever, _segment), totals in monitor.view.closed.rolling(span, wm or 0).items():
             merged = rows.setdefault((span, retriever), SliceTotals())
             merged.add(totals.queries, totals.labelled, totals.metrics)
     for (span, retriever), totals in sorted(rows.items()):

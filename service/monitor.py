@@ -1,16 +1,19 @@
-"""The composition root of the pure core: the pipeline with the detector on its windows.
+"""The composition root of the pure core: the pipeline, and the view of its windows.
 
 The stream core (:mod:`service.stream`) turns records into closed windows and never
 imports the detector; detection (:mod:`service.detect`) consumes closed windows. A
-:class:`Monitor` wires the two: every window the pipeline confirms (durably published)
-or restores (read back from the windows topic) reaches the detector, and so does every
-boundary up to which all windows have closed. ``run``, ``demo``, ``replay`` and the
-tests build the same Monitor, so they reach the same verdicts on the same events.
+:class:`Monitor` wires the two through a :class:`WindowView`: every window the pipeline
+confirms (durably published) or restores (read back from the windows topic) reaches the
+view, which keeps the rolling views and the listing (merged over partitions, each window
+once) and runs the detector at every boundary up to which all windows have closed. The
+HTTP API and the rolling and regression series read the view. ``run``, ``demo``,
+``replay`` and the tests build the same Monitor, so they reach the same verdicts on the
+same events.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from service.config import Settings
@@ -19,6 +22,7 @@ from service.detect.model import DetectorConfig
 from service.stream.counters import Counts
 from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.windows import ClosedWindow, ClosedWindows
 from service.times import HOUR_MS
 
 
@@ -69,8 +73,52 @@ def whole_windows(span_ms: int, window_ms: int) -> int:
     return -(-span_ms // window_ms) * window_ms
 
 
+class WindowView:
+    """Closed windows merged over partitions, each once: rolling views, listing, detector.
+
+    ``watermark_ms`` tells the event time the rolling views end at (the pipeline's
+    watermark in a single process).
+    """
+
+    def __init__(
+        self,
+        window_ms: int,
+        rolling_ms: tuple[int, ...],
+        detector: Detector,
+        watermark_ms: Callable[[], int | None],
+    ) -> None:
+        self.closed = ClosedWindows(window_ms, max(rolling_ms))
+        self.rolling_ms = rolling_ms
+        self.detector = detector
+        self._watermark_ms = watermark_ms
+        self._seen: dict[str, int] = {}
+        """Keys of the windows merged lately, with their end (a repeat is identical)."""
+        self._check = 100_000
+
+    @property
+    def watermark_ms(self) -> int | None:
+        """Where the rolling views end (None before any event time)."""
+        return self._watermark_ms()
+
+    def add(self, windows: Sequence[ClosedWindow]) -> None:
+        """Merge windows in; one seen before (a repeat of an identical record) is skipped."""
+        new = [w for w in windows if w.key not in self._seen]
+        for w in new:
+            self._seen[w.key] = w.end_ms
+        if len(self._seen) > self._check:
+            horizon = max(self._seen.values()) - 2 * self.closed.retention_ms
+            self._seen = {k: end for k, end in self._seen.items() if end >= horizon}
+            self._check = max(100_000, 2 * len(self._seen))
+        self.closed.add(new)
+        self.detector.add(new)
+
+    def advance(self, closed_through_ms: int) -> object:
+        """Every window ending at or before ``closed_through_ms`` is in: run the detector."""
+        return self.detector.advance(closed_through_ms)
+
+
 class Monitor:
-    """The pipeline of one process and the regression detector fed by its windows."""
+    """The pipeline of one process and the view of its windows."""
 
     def __init__(
         self,
@@ -91,7 +139,13 @@ class Monitor:
             metrics=watched,
         )
         self.detector = Detector(fitted, keep_opened=keep_opened)
-        self.pipeline.sinks.append(self.detector)
+        self.view = WindowView(
+            join.window_ms,
+            config.pipeline.rolling_ms,
+            self.detector,
+            lambda: self.pipeline.watermark_ms,
+        )
+        self.pipeline.sinks.append(self.view)
 
     @property
     def history_ms(self) -> int:

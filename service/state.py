@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from service.detect.detector import Detector
-from service.monitor import Monitor
+from service.monitor import Monitor, WindowView
 from service.stream.pipeline import Pipeline
 
 
@@ -55,6 +55,11 @@ class ServiceState:
     def pipeline(self) -> Pipeline:
         """The streaming core of the monitor."""
         return self.monitor.pipeline
+
+    @property
+    def view(self) -> WindowView:
+        """The closed windows merged over partitions, with the detector (what the API reads)."""
+        return self.monitor.view
 
     @property
     def detector(self) -> Detector:

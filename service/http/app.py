@@ -195,8 +195,8 @@ def create_app(state: ServiceState) -> FastAPI:
         span = span_ms(window)
         pipeline = service.pipeline
         with service.lock:
-            wm = pipeline.watermark_ms
-            views = {} if wm is None else pipeline.closed.rolling(span, wm)
+            wm = service.view.watermark_ms
+            views = {} if wm is None else service.view.closed.rolling(span, wm)
             keys = pipeline.metric_keys
             slices = [_slice(r, s, totals, keys) for (r, s), totals in sorted(views.items())]
         return RollingResponse(
@@ -214,7 +214,7 @@ def create_app(state: ServiceState) -> FastAPI:
         since_ms = _since(since)
         pipeline = service.pipeline
         with service.lock:
-            rows = pipeline.closed.listing(retriever or None, segment or None, since_ms)
+            rows = service.view.closed.listing(retriever or None, segment or None, since_ms)
             keys = pipeline.metric_keys
             size = pipeline.config.join.window_ms
             out = [

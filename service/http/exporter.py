@@ -151,7 +151,8 @@ class PipelineCollector(Collector):
         yield cp
 
     def _rolling(self) -> Iterator[Metric]:
-        wm = self.pipeline.watermark_ms
+        view = self.state.view
+        wm = view.watermark_ms
         families = {
             f: GaugeMetricFamily(
                 n,
@@ -178,11 +179,9 @@ class PipelineCollector(Collector):
             labels=labels3,
         )
         if wm is not None:
-            for span in self.pipeline.config.rolling_ms:
+            for span in view.rolling_ms:
                 name = duration_label(span)
-                for (retriever, segment), totals in sorted(
-                    self.pipeline.closed.rolling(span, wm).items()
-                ):
+                for (retriever, segment), totals in sorted(view.closed.rolling(span, wm).items()):
                     labelled.add_metric([retriever, segment, name], totals.labelled)
                     if totals.unlabelled_ratio is not None:
                         ratio.add_metric([retriever, segment, name], totals.unlabelled_ratio)

@@ -127,8 +127,7 @@ def compare(
     watermark (all segments merged unless ``segment`` is given).
     """
     span = span_ms(window)
-    pipeline = service.pipeline
-    retention = pipeline.closed.retention_ms
+    retention = service.view.closed.retention_ms
     if span > retention:
         raise HTTPException(
             status_code=422,
@@ -137,8 +136,8 @@ def compare(
         )
     detector = service.detector.config
     with service.lock:
-        wm = pipeline.watermark_ms
-        views = {} if wm is None else pipeline.closed.rolling(span, wm)
+        wm = service.view.watermark_ms
+        views = {} if wm is None else service.view.closed.rolling(span, wm)
         base = _merged(views, baseline, segment or None)
         cand = _merged(views, candidate, segment or None)
     rows = compare_metrics(

@@ -25,7 +25,7 @@ from service.stream.join import JoinConfig, PartitionStream, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow, ClosedWindows
+from service.stream.windows import ClosedWindow
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
 
 
@@ -49,7 +49,7 @@ def chunk_hashes(results: Iterable[str | ScoredResult]) -> array[int]:
 
 
 class WindowSink(Protocol):
-    """What consumes closed windows downstream of the pipeline (the regression detector).
+    """What consumes closed windows downstream of the pipeline (the window view).
 
     The stream core never imports the detector: whoever composes the two registers it.
     """
@@ -62,7 +62,7 @@ class WindowSink(Protocol):
 
 
 class Pipeline:
-    """All partitions assigned to this process, their counters and closed windows."""
+    """All partitions assigned to this process and their counters."""
 
     def __init__(
         self,
@@ -76,11 +76,10 @@ class Pipeline:
         self.counts = counts if counts is not None else Counts()
         self.metric_keys = metric_keys(config.ks)
         self.streams: dict[int, PartitionStream] = {}
-        self.closed = ClosedWindows(config.join.window_ms, max(config.rolling_ms))
         self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
         self._segment = LabelCap("segment", config.max_label_values, self.counts)
         self.sinks: list[WindowSink] = list(sinks)
-        """Told of every durable window and every closed boundary (the detector)."""
+        """Told of every durable window and every closed boundary (the window view)."""
         self._closed_through_ms: int | None = None
         """Every window ending at or before this has closed (as of the last advance)."""
         self._confirmed: dict[str, int] = {}
@@ -324,7 +323,6 @@ class Pipeline:
             self.counts.finalized[w.retriever, w.segment, False] += w.unlabelled
             self.counts.add_published(w.retriever, w.segment, w.metrics)
             self.counts.windows_published += 1
-        self.closed.add(windows)
         for sink in self.sinks:
             sink.add(windows)
             if self._closed_through_ms is not None:
@@ -340,7 +338,6 @@ class Pipeline:
         windows = [w for w in windows if w.key not in self._confirmed]
         for w in windows:
             self._confirmed[w.key] = w.end_ms
-        self.closed.add(windows)
         for sink in self.sinks:
             sink.add(windows)
 
