@@ -13,7 +13,7 @@ same events.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from service.config import Settings
@@ -22,6 +22,7 @@ from service.detect.model import DetectorConfig
 from service.stream.counters import Counts
 from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
+from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows
 from service.times import HOUR_MS
 
@@ -32,6 +33,8 @@ class MonitorConfig:
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
+    progress_stall_ms: int = HOUR_MS
+    """A partition whose progress lies this far behind the others is left out (global)."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MonitorConfig:
@@ -65,7 +68,7 @@ class MonitorConfig:
             drift_alpha=settings.regression_drift_alpha,
             close_after_ms=whole_windows(settings.regression_close_after, window),
         )
-        return cls(pipeline=pipeline, detector=detector)
+        return cls(pipeline=pipeline, detector=detector, progress_stall_ms=settings.progress_stall)
 
 
 def whole_windows(span_ms: int, window_ms: int) -> int:
@@ -76,8 +79,13 @@ def whole_windows(span_ms: int, window_ms: int) -> int:
 class WindowView:
     """Closed windows merged over partitions, each once: rolling views, listing, detector.
 
-    ``watermark_ms`` tells the event time the rolling views end at (the pipeline's
-    watermark in a single process).
+    Fed in one of two ways. *Local* (``demo``, ``replay``, a single process's own
+    windows): the pipeline adds the windows it confirms and advances the detector to
+    the boundary its partitions have closed; the rolling views end at its watermark.
+    *Global* (``run``): the windows-topic follower adds every replica's windows and
+    applies the progress every input partition has committed
+    (:meth:`apply_progress`); the boundary is the smallest progress over all input
+    partitions, and the rolling views end at that boundary plus the attribution window.
     """
 
     def __init__(
@@ -85,20 +93,64 @@ class WindowView:
         window_ms: int,
         rolling_ms: tuple[int, ...],
         detector: Detector,
-        watermark_ms: Callable[[], int | None],
+        watermark_ms: Callable[[], int | None] | None = None,
+        *,
+        attribution_ms: int = 0,
+        stall_ms: int = HOUR_MS,
     ) -> None:
         self.closed = ClosedWindows(window_ms, max(rolling_ms))
         self.rolling_ms = rolling_ms
         self.detector = detector
         self._watermark_ms = watermark_ms
+        self.attribution_ms = attribution_ms
+        self.stall_ms = stall_ms
+        self.progress: dict[int, int] = {}
+        """Global mode: input partition -> the progress it committed (event time)."""
+        self.behind: set[int] = set()
+        """Global mode: partitions left out of the boundary (stalled, unowned)."""
+        self.boundary_ms: int | None = None
+        """Global mode: every window ending at or before this is in the view."""
+        self.delay_ms: int | None = None
+        """Global mode: wall time from the last window's publication to its arrival here."""
         self._seen: dict[str, int] = {}
         """Keys of the windows merged lately, with their end (a repeat is identical)."""
         self._check = 100_000
 
     @property
+    def is_global(self) -> bool:
+        """Fed from the windows topic and the group's progress (``run``)."""
+        return self._watermark_ms is None
+
+    @property
     def watermark_ms(self) -> int | None:
         """Where the rolling views end (None before any event time)."""
-        return self._watermark_ms()
+        if self._watermark_ms is not None:
+            return self._watermark_ms()
+        return None if self.boundary_ms is None else self.boundary_ms + self.attribution_ms
+
+    def apply_progress(self, progress: Mapping[int, int], partitions: int) -> int | None:
+        """Global mode: the committed progress of the input partitions; run the detector.
+
+        The boundary is the smallest progress over all ``partitions``. A partition that
+        has not committed any progress yet is waited for; one whose progress lies more
+        than ``stall_ms`` behind the most advanced partition (its owner died and no one
+        took it over yet, or it is stuck) is left out and listed in :attr:`behind`, so it
+        cannot hold detection for ever; its windows join the view when they come, but
+        boundaries already evaluated are not evaluated again.
+        """
+        for p, closed in progress.items():
+            self.progress[p] = max(self.progress.get(p, NEVER), closed)
+        known = [self.progress.get(p) for p in range(partitions)]
+        if not known or any(v is None for v in known):
+            return self.boundary_ms
+        values = [v for v in known if v is not None]
+        lead = max(values)
+        self.behind = {p for p, v in enumerate(values) if v < lead - self.stall_ms}
+        boundary = min(v for p, v in enumerate(values) if p not in self.behind)
+        if self.boundary_ms is None or boundary > self.boundary_ms:
+            self.boundary_ms = boundary
+            self.detector.advance(boundary)
+        return self.boundary_ms
 
     def add(self, windows: Sequence[ClosedWindow]) -> None:
         """Merge windows in; one seen before (a repeat of an identical record) is skipped."""
@@ -126,6 +178,8 @@ class Monitor:
         now_ms: Callable[[], int],
         counts: Counts | None = None,
         keep_opened: int | None = 10_000,
+        *,
+        global_view: bool = False,
     ) -> None:
         self.config = config
         self.pipeline = Pipeline(config.pipeline, now_ms, counts)
@@ -143,9 +197,12 @@ class Monitor:
             join.window_ms,
             config.pipeline.rolling_ms,
             self.detector,
-            lambda: self.pipeline.watermark_ms,
+            None if global_view else lambda: self.pipeline.watermark_ms,
+            attribution_ms=join.attribution_ms,
+            stall_ms=config.progress_stall_ms,
         )
-        self.pipeline.sinks.append(self.view)
+        if not global_view:  # in run, the follower feeds the view from the topic
+            self.pipeline.sinks.append(self.view)
 
     @property
     def history_ms(self) -> int:

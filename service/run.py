@@ -6,6 +6,7 @@ import logging
 import threading
 
 from service.broker.consumer import KafkaEdge
+from service.broker.follower import WindowFollower
 from service.config import Settings
 from service.http.app import create_app
 from service.http.server import configure_logging, serve_http, stop_on_signals
@@ -19,14 +20,25 @@ log = logging.getLogger("retrieval_monitor")
 def run_service(settings: Settings) -> int:
     """Consume Kafka and serve HTTP until SIGTERM/SIGINT."""
     configure_logging(settings.log_level)
-    monitor = Monitor(MonitorConfig.from_settings(settings), wall_ms)
+    monitor = Monitor(MonitorConfig.from_settings(settings), wall_ms, global_view=True)
     state = ServiceState(
         monitor,
         wall_ms,
         topic_names=(settings.queries_topic, settings.feedback_topic),
     )
     edge = KafkaEdge(settings, state)
-    edge.start()
+    partitions = edge.start()
+    follower = WindowFollower(
+        state,
+        settings.kafka_client_config(),
+        windows_topic=settings.windows_topic,
+        group_id=settings.group_id,
+        input_topics=(settings.queries_topic, settings.feedback_topic),
+        partitions=partitions,
+        since_ms=wall_ms() - monitor.history_ms,
+        interval_s=settings.commit_interval / 1000,
+    )
+    follower.start()
     server, thread = serve_http(create_app(state), settings.http_host, settings.http_port)
     log.info(
         "consuming %s and %s from %s; serving http://%s:%d/metrics",
@@ -49,6 +61,7 @@ def run_service(settings: Settings) -> int:
             )
             again.wait(settings.shutdown_grace / 1000)
     finally:
+        follower.stop()
         server.should_exit = True
         thread.join(timeout=5)
     log.info("stopped")

@@ -42,7 +42,7 @@ from service.broker.failpoints import failpoint
 from service.broker.publisher import CommitError, Publisher
 from service.state import ServiceState
 from service.stream.offsets import commit_plan, restart_from
-from service.stream.topics import TOPICS
+from service.stream.topics import TOPICS, Topic
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.kafka")
@@ -101,6 +101,8 @@ class CommitProtocol:
         self.counted: dict[int, list[int]] = {}
         """Per partition dropped without a commit: offsets (queries, feedback) below which
         this process already counted the records; re-reading them counts nothing again."""
+        self.started: dict[int, dict[Topic, int]] = {}
+        """Per partition taken over, the offsets it started reading from (per topic)."""
         self._needs_rebuild = False
         self._rebuild_lock = threading.Lock()
         """Guards the rebuild decision, which callbacks and the loop both make."""
@@ -197,11 +199,14 @@ class CommitProtocol:
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.
-                for tp, m in zip(tps, meta, strict=True):
+                started = self.started[p] = {}
+                for topic, tp, m in zip(TOPICS, tps, meta, strict=True):
                     if m is None or m.offset is None or m.offset < 0:
                         self.consumer.seek_to_beginning(tp)
+                        started[topic] = 0  # below the log start: the consumer resets
                     else:
                         self.consumer.seek(tp, m.offset)
+                        started[topic] = m.offset
             self.state.health.assigned = len(self.pipeline.streams)
         log.info("assigned partitions %s", sorted(partitions))
 
@@ -280,7 +285,7 @@ class CommitProtocol:
         """The offsets and markers of every partition, after closed windows were sent."""
         out = {}
         for p, stream in self.pipeline.streams.items():
-            for topic, (offset, metadata) in commit_plan(stream).items():
+            for topic, (offset, metadata) in commit_plan(stream, self.started.get(p)).items():
                 out[TopicPartition(self.topics[topic], p)] = OffsetAndMetadata(offset, metadata, -1)
         return out
 

@@ -136,8 +136,8 @@ class KafkaEdge:
 
     # -- start ---------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Check the topics, read back recent windows, and join the group."""
+    def start(self) -> int:
+        """Check the topics, read back recent windows, join the group; the partition count."""
         counts = [self.consumer.partitions_for_topic(t) for t in self.topics]
         n = check_copartitioned(
             len(counts[0]) if counts[0] else None,
@@ -151,6 +151,7 @@ class KafkaEdge:
             self.state.wall_ms() - self.state.monitor.history_ms,
         )
         self.consumer.subscribe(list(self.topics), listener=_Listener(self.consumer, self.commits))
+        return n
 
     # -- the loop ------------------------------------------------------------------------
 

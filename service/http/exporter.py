@@ -30,6 +30,8 @@ SUMMARY_FAMILIES = {
     "precision": ("retrieval_precision", "relevant chunks in the top k / k"),
     "ndcg": ("retrieval_ndcg", "nDCG@k, linear gain, ideal from all graded chunks"),
 }
+GLOBAL = "Global: every replica exports the same values, for all partitions."
+"""Said in the HELP of the series read from the global view (all others are per replica)."""
 ROLLING_FAMILIES = {
     "hit_rate": "retrieval_rolling_hit_rate",
     "recall": "retrieval_rolling_recall",
@@ -156,26 +158,28 @@ class PipelineCollector(Collector):
         families = {
             f: GaugeMetricFamily(
                 n,
-                f"Rolling {f}@k over closed windows.",
+                f"Rolling {f}@k over closed windows. {GLOBAL}",
                 labels=["retriever", "segment", "k", "window"],
             )
             for f, n in ROLLING_FAMILIES.items()
         }
         labels3 = ["retriever", "segment", "window"]
         mrr = GaugeMetricFamily(
-            "retrieval_rolling_mrr", "Rolling MRR over closed windows.", labels=labels3
+            "retrieval_rolling_mrr", f"Rolling MRR over closed windows. {GLOBAL}", labels=labels3
         )
         cp = GaugeMetricFamily(
-            "retrieval_rolling_context_precision", "Rolling context precision.", labels=labels3
+            "retrieval_rolling_context_precision",
+            f"Rolling context precision. {GLOBAL}",
+            labels=labels3,
         )
         labelled = GaugeMetricFamily(
             "retrieval_rolling_labelled_queries",
-            "Labelled queries in the rolling view.",
+            f"Labelled queries in the rolling view. {GLOBAL}",
             labels=labels3,
         )
         ratio = GaugeMetricFamily(
             "retrieval_rolling_unlabelled_ratio",
-            "Share of finalised queries without any relevant chunk in the rolling view.",
+            f"Share of finalised queries without a relevant chunk in the rolling view. {GLOBAL}",
             labels=labels3,
         )
         if wm is not None:
@@ -242,6 +246,27 @@ class PipelineCollector(Collector):
         if self.health.last_poll_ms is not None:
             last.add_metric([], self.health.last_poll_ms / 1000)
         yield last
+        view = self.state.view
+        if view.is_global:
+            boundary = GaugeMetricFamily(
+                "retrieval_global_view_boundary_timestamp_seconds",
+                "Global view: every window ending at or before this is in, from all replicas.",
+            )
+            if view.boundary_ms is not None:
+                boundary.add_metric([], view.boundary_ms / 1000)
+            yield boundary
+            yield GaugeMetricFamily(
+                "retrieval_global_view_partitions_behind",
+                "Global view: input partitions left out of the boundary (stalled or unowned).",
+                value=len(view.behind),
+            )
+            delay = GaugeMetricFamily(
+                "retrieval_global_view_delay_seconds",
+                "Global view: wall time from a window's publication to its arrival in the view.",
+            )
+            if view.delay_ms is not None:
+                delay.add_metric([], view.delay_ms / 1000)
+            yield delay
         dead = CounterMetricFamily(
             "retrieval_deadletter_records", "Records sent to the dead-letter topic."
         )
@@ -252,21 +277,24 @@ class PipelineCollector(Collector):
         labels = ["retriever", "segment", "metric", "baseline"]
         flag = GaugeMetricFamily(
             "retrieval_regression",
-            "1 while a significant regression is open, else 0 (slices tested at the last step).",
+            f"1 while a significant regression is open, else 0 (tested at the last step). {GLOBAL}",
             labels=labels,
         )
         delta = GaugeMetricFamily(
             "retrieval_regression_delta",
-            "Candidate mean minus baseline mean of the latest test (negative: worse).",
+            f"Candidate mean minus baseline mean of the latest test (negative: worse). {GLOBAL}",
             labels=labels,
         )
         p_value = GaugeMetricFamily(
             "retrieval_regression_p_value",
-            "One-sided Welch p-value of the latest test, Holm-adjusted over its family.",
+            f"One-sided Welch p-value of the latest test, Holm-adjusted. {GLOBAL}",
             labels=labels,
         )
-        # a replica without partitions says nothing: another one owns the traffic now
-        rows = self.detector.snapshot() if self.pipeline.streams else []
+        # the global view speaks once it has a boundary, on every replica alike; a local
+        # one (a single process's own windows) only while it owns partitions
+        view = self.state.view
+        speaks = view.boundary_ms is not None if view.is_global else bool(self.pipeline.streams)
+        rows = self.detector.snapshot() if speaks else []
         for key, is_open, comparison in rows:
             values = list(key)
             flag.add_metric(values, 1.0 if is_open else 0.0)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -108,15 +109,21 @@ def restart_from(queries_metadata: str | None, feedback_metadata: str | None) ->
     )
 
 
-def commit_plan(stream: PartitionStream) -> dict[Topic, tuple[int, str]]:
+def commit_plan(
+    stream: PartitionStream, started: Mapping[Topic, int] | None = None
+) -> dict[Topic, tuple[int, str]]:
     """Topic (QUERIES/FEEDBACK) -> (offset to commit, metadata) for one partition.
 
-    A topic on which this process has read nothing is left out (its old commit stands).
+    A topic on which this process has read nothing commits the offset it started from
+    (``started``), so that the markers, the progress above all, move on for a silent
+    partition too; without one it is left out (its old commit stands).
     """
     needed = stream.commit_offsets()
     plan = {}
     for topic in (QUERIES, FEEDBACK):
         offset = needed[topic]
+        if offset < 0:
+            offset = (started or {}).get(topic, -1)
         if offset < 0:
             continue
         counted = stream.counted_through(topic)

@@ -37,6 +37,7 @@ ALERTS = {
     "RetrievalInvalidEvents",
     "RetrievalConsumerLagHigh",
     "RetrievalWatermarkStalled",
+    "RetrievalGlobalViewBehind",
     "RetrievalMonitorDown",
     "RetrievalMonitorAbsent",
 }

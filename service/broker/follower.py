@@ -1,0 +1,169 @@
+"""The global view: every replica follows the whole windows topic and the group's progress.
+
+Each replica publishes the windows of the partitions it owns, in transactions that also
+commit the group's offsets with a per-partition progress marker (``closed``: every window
+of that input partition ending at or before it is on the topic). A follower thread reads
+back *all* of it, whoever wrote it:
+
+1. the window records of every partition of the windows topic (``read_committed``, the
+   last record per key: every record of a key is identical), into the replica's
+   :class:`~service.monitor.WindowView`;
+2. every ``interval``, the group's committed offsets of both input topics (an admin
+   OffsetFetch, which reads committed transactions only), whose markers say how far
+   each input partition's windows are complete;
+3. then the high watermark of every windows partition (read uncommitted, so it lies past
+   every transaction that committed before step 2), and it reads on until its
+   ``read_committed`` position passes all of them: only then are the windows behind that
+   progress in the view, and the progress is applied. A transaction still open at that
+   moment delays it until it ends (a commit interval, or the transaction timeout after a
+   crash).
+
+Since every replica applies the same committed records in the same order of boundaries,
+every replica's rolling views, windows, comparisons and regressions are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from service.state import ServiceState
+from service.stream.offsets import decode_metadata
+from service.stream.watermark import NEVER
+from service.stream.windows import ClosedWindow
+
+log = logging.getLogger("retrieval_monitor.follower")
+
+
+def progress_of(committed: Mapping[Any, Any]) -> dict[int, int]:
+    """Input partition -> its ``closed`` marker, over the commits of both topics."""
+    out: dict[int, int] = {}
+    for tp, meta in committed.items():
+        if meta is None or meta.offset is None or meta.offset < 0:
+            continue
+        closed = decode_metadata(meta.metadata).closed_through_ms
+        if closed != NEVER:
+            out[tp.partition] = max(out.get(tp.partition, NEVER), closed)
+    return out
+
+
+class WindowFollower:
+    """Reads the windows topic and the group's progress into the state's window view."""
+
+    def __init__(
+        self,
+        state: ServiceState,
+        client: dict[str, Any],
+        *,
+        windows_topic: str,
+        group_id: str,
+        input_topics: tuple[str, str],
+        partitions: int,
+        since_ms: int,
+        interval_s: float,
+    ) -> None:
+        self.state = state
+        self.view = state.view
+        self.windows_topic = windows_topic
+        self.group_id = group_id
+        self.inputs = [TopicPartition(t, p) for t in input_topics for p in range(partitions)]
+        self.partitions = partitions
+        self.interval_s = interval_s
+        self._client = client
+        self._since_ms = since_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="window-follower", daemon=True)
+        self.bad_records = 0
+        self.consumer = KafkaConsumer(
+            **client,
+            group_id=None,
+            enable_auto_commit=False,
+            isolation_level="read_committed",
+            client_id="retrieval-monitor-follower",
+        )
+        self._ends = KafkaConsumer(  # read uncommitted: its end offsets are high watermarks
+            **client, group_id=None, enable_auto_commit=False, client_id="retrieval-monitor-ends"
+        )
+        self.admin = KafkaAdminClient(**client, client_id="retrieval-monitor-progress")
+        self.tps: list[TopicPartition] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Assign every windows partition from ``since_ms`` on, and start reading."""
+        found = self.consumer.partitions_for_topic(self.windows_topic) or set()
+        self.tps = [TopicPartition(self.windows_topic, p) for p in sorted(found)]
+        if self.tps:
+            self.consumer.assign(self.tps)
+            starts = self.consumer.offsets_for_times(dict.fromkeys(self.tps, self._since_ms))
+            ends = self.consumer.end_offsets(self.tps)
+            for tp in self.tps:
+                start = starts.get(tp)
+                self.consumer.seek(tp, ends[tp] if start is None else start.offset)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop reading and close the clients."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+        for close in (self.consumer.close, self._ends.close, self.admin.close):
+            try:
+                close()
+            except KafkaError as error:
+                log.warning("closing the follower's clients failed: %s", error)
+
+    # -- the loop (its own thread) -------------------------------------------------------------
+
+    def _run(self) -> None:
+        pending: tuple[dict[int, int], dict[TopicPartition, int]] | None = None
+        next_check = 0.0
+        while not self._stop.is_set():
+            try:
+                self._read(timeout_ms=200)
+                now = self.state.wall_ms() / 1000
+                if pending is None and now >= next_check:
+                    pending = self._observe()
+                    next_check = now + self.interval_s
+                if pending is not None and self._caught_up(pending[1]):
+                    with self.state.lock:
+                        self.view.apply_progress(pending[0], self.partitions)
+                    pending = None
+            except KafkaError as error:  # the broker is away: try again, stay in place
+                log.warning("following %s failed (%s); retrying", self.windows_topic, error)
+                pending = None
+                self._stop.wait(1.0)
+
+    def _read(self, timeout_ms: int) -> None:
+        if not self.tps:
+            self._stop.wait(timeout_ms / 1000)
+            return
+        windows: list[ClosedWindow] = []
+        newest = None
+        for records in self.consumer.poll(timeout_ms=timeout_ms).values():
+            for record in records:
+                newest = record.timestamp if newest is None else max(newest, record.timestamp)
+                try:
+                    windows.append(ClosedWindow.from_record(orjson.loads(record.value)))
+                except (ValueError, KeyError, TypeError):
+                    self.bad_records += 1
+        if windows:
+            with self.state.lock:
+                self.view.add(windows)
+                if newest is not None:
+                    self.view.delay_ms = max(0, self.state.wall_ms() - newest)
+
+    def _observe(self) -> tuple[dict[int, int], dict[TopicPartition, int]]:
+        """The group's committed progress, then the windows topic's high watermarks."""
+        groups = self.admin.list_group_offsets({self.group_id: self.inputs})
+        progress = progress_of(groups.get(self.group_id, {}))
+        ends: dict[TopicPartition, int] = self._ends.end_offsets(self.tps) if self.tps else {}
+        return progress, ends
+
+    def _caught_up(self, ends: Mapping[TopicPartition, int]) -> bool:
+        return all(self.consumer.position(tp) >= end for tp, end in ends.items())

@@ -1,0 +1,171 @@
+"""The global view: every replica answers for all the traffic, and they all agree (issue 13).
+
+Two replicas share four input partitions. Each publishes only the windows of the
+partitions it owns, but both follow the whole windows topic and the group's committed
+progress, so ``/api/v1/rolling``, ``/api/v1/windows``, ``/api/v1/compare`` and
+``/api/v1/regressions`` are the same on both, for all partitions; the rolling view equals
+the offline evaluation of the events, and the regressions are those ``replay`` opens on
+the same events in one partition. A third replica started afterwards (it owns nothing:
+the group has four partitions and it may get none, or take some over) catches up from
+the topic and agrees too.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from service.monitor import MonitorConfig
+from service.replay import replay
+from service.sim.simulator import SimEvent, generate, write_jsonl
+from service.times import HOUR_MS, MINUTE_MS, parse_aware_ms, rfc3339
+from tests.integration.kafka_helpers import (
+    ServiceProcess,
+    Topics,
+    deploy_traffic,
+    expected_windows,
+    produce,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MOVING = ("watermark", "evaluated_through")
+"""Fields that follow the wall clock (every replica's boundary moves every window)."""
+
+
+def _get(service: ServiceProcess, path: str) -> dict[str, Any]:
+    status, body = service.get(path)
+    assert status == 200, (path, body)
+    result: dict[str, Any] = json.loads(body)
+    return result
+
+
+def _answers(service: ServiceProcess) -> dict[str, dict[str, Any]]:
+    paths = (
+        "/api/v1/rolling?window=24h",
+        "/api/v1/windows",
+        "/api/v1/regressions",
+        "/api/v1/compare?baseline=hybrid-v7&candidate=hybrid-v8&window=24h",
+    )
+    out = {}
+    for path in paths:
+        body = _get(service, path)
+        out[path] = {k: v for k, v in body.items() if k not in MOVING}
+    return out
+
+
+def _agreed(replicas: list[ServiceProcess]) -> dict[str, dict[str, Any]] | None:
+    """The answers, once every replica gives the same ones (read twice: stable)."""
+    first = [_answers(r) for r in replicas]
+    second = [_answers(r) for r in replicas]
+    if first == second and all(a == first[0] for a in first):
+        return first[0]
+    return None
+
+
+def check_against_offline_and_replay(
+    agreed: dict[str, dict[str, Any]], events: list[SimEvent], tmp_path: Path
+) -> None:
+    """The rolling view is the offline evaluation; the regressions are replay's."""
+    expected = expected_windows(events)
+    # the rolling view is the offline evaluation of all the events
+    slices: dict[tuple[str, str], tuple[int, int]] = {}
+    for w in expected.values():
+        q, lab = slices.get((w.retriever, w.segment), (0, 0))
+        slices[w.retriever, w.segment] = (q + w.queries, lab + w.labelled)
+    rolling = agreed["/api/v1/rolling?window=24h"]["slices"]
+    assert {(s["retriever"], s["segment"]): (s["queries"], s["labelled"]) for s in rolling} == (
+        slices
+    )
+    windows = agreed["/api/v1/windows"]["windows"]
+    assert sum(w["queries"] for w in windows) == sum(w.queries for w in expected.values())
+
+    # the regressions are those replay opens on the same events
+    path = tmp_path / "events.jsonl"
+    write_jsonl(events, path)
+    monitor, _ = replay([str(path)], MonitorConfig(), lambda _: None)
+    by_replay = {
+        (r["retriever"], r["segment"], r["metric"], r["baseline"], r["opened_at"])
+        for r in (x.to_record() for x in monitor.detector.opened)
+    }
+    open_now = {
+        (r["retriever"], r["segment"], r["metric"], r["baseline"], r["opened_at"])
+        for r in agreed["/api/v1/regressions"]["regressions"]
+    }
+    assert open_now
+    assert open_now <= by_replay
+    assert {r[0] for r in open_now} == {"hybrid-v8"}
+    compared = next(body for path, body in agreed.items() if "compare" in path)
+    assert "regression" in {m["verdict"] for m in compared["metrics"]}
+
+
+def test_every_replica_gives_the_same_global_answers(topics: Topics, tmp_path: Path) -> None:
+    # five hours with a bad deploy half way, ending 40 minutes ago: every window is
+    # final once the watermark passes the data (idleness), and the regressions are open
+    sim = deploy_traffic(bad=True, seed=31)
+    sim = replace(sim, start_ms=sim.start_ms - 40 * MINUTE_MS)
+    events = list(generate(sim))
+    produce(topics, events)
+    expected = expected_windows(events)
+    end_ms = sim.start_ms + sim.duration_ms
+
+    a = ServiceProcess(topics, tmp_path / "a.log", transactional_id="g-a")
+    b = ServiceProcess(topics, tmp_path / "b.log", transactional_id="g-b")
+    replicas = [a, b]
+    for r in replicas:
+        r.wait_ready()
+
+    def complete(r: ServiceProcess) -> bool:
+        through = _get(r, "/api/v1/regressions")["evaluated_through"]
+        return through is not None and (parse_aware_ms(through) or 0) >= end_ms
+
+    for r in replicas:
+        r.wait_until(lambda r=r: complete(r), 300, "the global view past the data")
+    deadline = time.monotonic() + 60
+    agreed = _agreed(replicas)
+    while agreed is None and time.monotonic() < deadline:
+        time.sleep(1)
+        agreed = _agreed(replicas)
+    assert agreed is not None, [_answers(r) for r in replicas]
+
+    # both replicas published: each owns some of the partitions
+    for r in replicas:
+        assert r.samples()[("retrieval_assigned_partitions", ())] > 0, r.tail()
+
+    check_against_offline_and_replay(agreed, events, tmp_path)
+    assert _get(a, "/api/v1/regressions")["regressions"], a.tail()
+
+    # the regression series are the same on both pods
+    def series(r: ServiceProcess) -> dict[Any, float]:
+        return {k: v for k, v in r.samples().items() if k[0] == "retrieval_regression"}
+
+    assert series(a) == series(b) != {}
+
+    # a replica that starts now catches up from the topic and agrees
+    c = ServiceProcess(topics, tmp_path / "c.log", transactional_id="g-c")
+    started = time.monotonic()
+    c.wait_ready()
+    c.wait_until(lambda: complete(c), 300, "the new replica to catch up")
+    caught_up_s = time.monotonic() - started
+    replicas.append(c)
+    deadline = time.monotonic() + 60
+    again = _agreed(replicas)
+    while again is None and time.monotonic() < deadline:
+        time.sleep(1)
+        again = _agreed(replicas)
+    assert again == agreed
+    delay = c.samples().get(("retrieval_global_view_delay_seconds", ()))
+    print(
+        f"\nglobal view: {len(events)} events, {len(expected)} windows over 4 partitions, "
+        f"2 replicas agree; a third caught up in {caught_up_s:.1f} s "
+        f"(view delay gauge {delay}); evaluated through "
+        f"{_get(c, '/api/v1/regressions')['evaluated_through']} (data ends {rfc3339(end_ms)}, "
+        f"{sim.duration_ms // HOUR_MS} h of traffic)"
+    )
+    for r in replicas:
+        assert r.stop() == 0
