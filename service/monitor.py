@@ -2,11 +2,12 @@
 
 The stream core (:mod:`service.stream`) turns records into closed windows and never
 imports the detector; detection (:mod:`service.detect`) consumes closed windows. A
-:class:`Monitor` wires the two through a :class:`WindowView`: every window the pipeline
-confirms (durably published) or restores (read back from the windows topic) reaches the
-view, which keeps the rolling views and the listing (merged over partitions, each window
-once) and runs the detector at every boundary up to which all windows have closed. The
-HTTP API and the rolling and regression series read the view. ``run``, ``demo``,
+:class:`Monitor` wires the two through a :class:`WindowView`, which keeps the rolling
+views and the listing (merged over partitions, each window once) and runs the detector
+at every boundary up to which all windows have closed: fed by the pipeline's confirmed
+windows in one process (``demo``, ``replay``), by the windows topic and the group's
+progress in ``run`` (every replica: the global view). The HTTP API and the rolling and
+regression series read the view. ``run``, ``demo``,
 ``replay`` and the tests build the same Monitor, so they reach the same verdicts on the
 same events.
 """

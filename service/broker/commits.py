@@ -84,7 +84,6 @@ class CommitProtocol:
         publisher: Publisher,
         consumer: Consumer,
         topics: tuple[str, str],
-        history: dict[int, list[ClosedWindow]] | None = None,
     ) -> None:
         self.state = state
         self.pipeline = state.pipeline
@@ -92,8 +91,6 @@ class CommitProtocol:
         self.publisher = publisher
         self.consumer = consumer
         self.topics = topics
-        self.history = history if history is not None else {}
-        """Windows read back at start, by partition, until the partition is assigned."""
         self.producer_lock = threading.Lock()
         """Serialises every use of the publisher (taken before the state lock)."""
         self.unconfirmed: list[ClosedWindow] = []
@@ -191,11 +188,6 @@ class CommitProtocol:
                     stream = self.pipeline.streams[p]
                     merged = zip(counted, stream.counted_from, strict=True)
                     stream.counted_from = [max(a, b) for a, b in merged]
-                # what earlier owners published and committed (later windows come again)
-                history = self.history.pop(p, [])
-                self.pipeline.restore(
-                    w for w in history if w.end_ms <= restart.published_through_ms
-                )
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.

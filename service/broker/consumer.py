@@ -26,7 +26,6 @@ from kafka.errors import KafkaError, RetriableError
 
 from service.broker import compat
 from service.broker.commits import COMMITTED_WAIT_MS, CommitProtocol
-from service.broker.history import read_window_history
 from service.broker.publisher import make_publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
@@ -137,7 +136,7 @@ class KafkaEdge:
     # -- start ---------------------------------------------------------------------------
 
     def start(self) -> int:
-        """Check the topics, read back recent windows, join the group; the partition count."""
+        """Check the topics and join the group; return the partition count."""
         counts = [self.consumer.partitions_for_topic(t) for t in self.topics]
         n = check_copartitioned(
             len(counts[0]) if counts[0] else None,
@@ -145,11 +144,6 @@ class KafkaEdge:
             self.settings,
         )
         log.info("topics %s and %s have %d partitions each", *self.topics, n)
-        self.commits.history = read_window_history(
-            self.settings.kafka_client_config(),
-            self.settings.windows_topic,
-            self.state.wall_ms() - self.state.monitor.history_ms,
-        )
         self.consumer.subscribe(list(self.topics), listener=_Listener(self.consumer, self.commits))
         return n
 

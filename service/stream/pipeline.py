@@ -328,19 +328,6 @@ class Pipeline:
             if self._closed_through_ms is not None:
                 sink.advance(self._closed_through_ms)
 
-    def restore(self, windows: Iterable[ClosedWindow]) -> None:
-        """Windows published before this process started (read back from the windows topic).
-
-        They go into the rolling views and the sinks (the detector's history), not into the
-        counters, which count what this process published (Prometheus sees a restart as a
-        reset).
-        """
-        windows = [w for w in windows if w.key not in self._confirmed]
-        for w in windows:
-            self._confirmed[w.key] = w.end_ms
-        for sink in self.sinks:
-            sink.add(windows)
-
     def _forget_confirmed(self) -> None:
         """Keep the keys of windows that a re-read could still publish again."""
         newest = max(self._confirmed.values())

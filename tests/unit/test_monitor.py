@@ -32,16 +32,16 @@ def test_a_window_sent_twice_is_merged_once() -> None:
     assert (start, totals.labelled) == (T0, 10)
 
 
-def test_restored_and_confirmed_windows_reach_the_view_once() -> None:
+def test_windows_confirmed_twice_reach_the_view_once() -> None:
     monitor = Monitor(MonitorConfig(), lambda: T0)
     pipeline = monitor.pipeline
     pipeline.assign(0)
     old = _window(T0, 4)
-    pipeline.restore([old])  # read back at start
+    pipeline.confirm_published([old])
     pipeline.confirm_published([old, _window(T0 + W, 3)])  # published again, then a new one
     labelled = [t.labelled for _, _, _, t in monitor.view.closed.listing()]
     assert labelled == [4, 3]
-    assert sum(pipeline.counts.finalized.values()) == 4  # only the new one is counted
+    assert sum(pipeline.counts.finalized.values()) == 9  # 5 + 4 queries: each window once
 
 
 def test_the_global_boundary_waits_for_every_partition_and_leaves_out_a_stalled_one() -> None:
