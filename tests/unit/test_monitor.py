@@ -3,19 +3,9 @@
 from __future__ import annotations
 
 from service.detect.model import DetectorConfig
-from service.metrics.aggregates import Moments
 from service.monitor import Monitor, MonitorConfig
-from service.stream.windows import ClosedWindow
-
-W = 300_000
-T0 = 1_796_083_200_000
-
-
-def _window(start: int, labelled: int, partition: int = 0) -> ClosedWindow:
-    metric = Moments(labelled, labelled * (1 << 51), labelled * (1 << 50))  # each value 0.5
-    return ClosedWindow(
-        "v1", "docs", partition, start, start + W, labelled + 1, labelled, {"mrr": metric}
-    )
+from tests.unit.samples import T0, W
+from tests.unit.samples import window as _window
 
 
 def test_a_window_sent_twice_is_merged_once() -> None:
