@@ -31,6 +31,8 @@ class SourceHealth:
     deadletters: int = 0
     stopped: bool = False
     """The clean stop finished: nothing is consumed or published any more."""
+    failed: str | None = None
+    """A thread of the process died (its error): the process is not alive any more."""
 
 
 @dataclass(slots=True)

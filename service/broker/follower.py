@@ -121,6 +121,15 @@ class WindowFollower:
     # -- the loop (its own thread) -------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._follow()
+        except Exception as error:  # a bug: say so on /healthz (a restart), do not hide it
+            log.exception("the window follower stopped")
+            with self.state.lock:
+                self.state.health.failed = f"the window follower stopped: {error!r}"
+            raise
+
+    def _follow(self) -> None:
         pending: tuple[dict[int, int], dict[TopicPartition, int]] | None = None
         next_check = 0.0
         while not self._stop.is_set():

@@ -171,6 +171,8 @@ def create_app(state: ServiceState) -> FastAPI:
         now = service.wall_ms()
         if beat is None or now - beat > service.stale_after_ms:
             return JSONResponse({"status": "stalled", "reason": "the loop has not run"}, 503)
+        if service.health.failed is not None:
+            return JSONResponse({"status": "failed", "reason": service.health.failed}, 503)
         return JSONResponse({"status": "ok"})
 
     @app.get("/readyz")

@@ -239,3 +239,16 @@ def test_metrics_negotiate_openmetrics_and_gzip(
     zipped = client.get("/metrics", headers={"Accept-Encoding": "gzip"})
     assert zipped.headers["content-encoding"] == "gzip"
     assert _samples(zipped.text) == _samples(plain.text)  # httpx decompressed it
+
+
+def test_a_dead_thread_fails_liveness() -> None:
+    client, state = _client(Monitor(MonitorConfig(), lambda: NOW))
+    state.beat()
+    assert client.get("/healthz").status_code == 200
+    state.health.failed = "the window follower stopped: ValueError()"
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {
+        "status": "failed",
+        "reason": "the window follower stopped: ValueError()",
+    }
