@@ -97,6 +97,11 @@ class WindowFollower:
 
     def start(self) -> None:
         """Assign every windows partition from ``since_ms`` on, and start reading."""
+        self._assign()
+        self._thread.start()
+
+    def _assign(self) -> None:
+        """Read every partition of the windows topic (none yet: it is created on first use)."""
         found = self.consumer.partitions_for_topic(self.windows_topic) or set()
         self.tps = [TopicPartition(self.windows_topic, p) for p in sorted(found)]
         if self.tps:
@@ -106,7 +111,6 @@ class WindowFollower:
             for tp in self.tps:
                 start = starts.get(tp)
                 self.consumer.seek(tp, ends[tp] if start is None else start.offset)
-        self._thread.start()
 
     def stop(self) -> None:
         """Stop reading and close the clients."""
@@ -137,7 +141,10 @@ class WindowFollower:
                 self._read(timeout_ms=200)
                 now = self.state.wall_ms() / 1000
                 if pending is None and now >= next_check:
-                    pending = self._observe()
+                    if not self.tps:  # the first window of any replica creates the topic
+                        self._assign()
+                    # no progress before the topic can be read: its windows would be missed
+                    pending = self._observe() if self.tps else None
                     next_check = now + self.interval_s
                 if pending is not None and self._caught_up(pending[1]):
                     with self.state.lock:
