@@ -160,10 +160,10 @@ class WindowFollower:
             self._stop.wait(timeout_ms / 1000)
             return
         windows: list[ClosedWindow] = []
-        newest = None
+        oldest = None  # the record that waited longest sets the delay
         for records in self.consumer.poll(timeout_ms=timeout_ms).values():
             for record in records:
-                newest = record.timestamp if newest is None else max(newest, record.timestamp)
+                oldest = record.timestamp if oldest is None else min(oldest, record.timestamp)
                 try:
                     windows.append(ClosedWindow.from_record(orjson.loads(record.value)))
                 except (ValueError, KeyError, TypeError):
@@ -171,8 +171,8 @@ class WindowFollower:
         if windows:
             with self.state.lock:
                 self.view.add(windows)
-                if newest is not None:
-                    self.view.delay_ms = max(0, self.state.wall_ms() - newest)
+                if oldest is not None:
+                    self.view.delay_ms = max(0, self.state.wall_ms() - oldest)
 
     def _observe(self) -> tuple[dict[int, int], dict[TopicPartition, int]]:
         """The group's committed progress, then the windows topic's high watermarks."""
