@@ -139,13 +139,14 @@ class Alertmanager(Daemon):
 
 
 class Prometheus(Daemon):
-    def __init__(self, workdir: Path, target_port: int, alertmanager_port: int) -> None:
+    def __init__(self, workdir: Path, target_port: int | list[int], alertmanager_port: int) -> None:
         config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
         base = PROMETHEUS_CONFIG.parent
         config["rule_files"] = [str(base / pattern) for pattern in config["rule_files"]]
+        ports = target_port if isinstance(target_port, list) else [target_port]
         for job in config["scrape_configs"]:
             for static in job.get("static_configs", []):
-                static["targets"] = [f"127.0.0.1:{target_port}"]
+                static["targets"] = [f"127.0.0.1:{port}" for port in ports]
         for manager in config["alerting"]["alertmanagers"]:
             for static in manager.get("static_configs", []):
                 static["targets"] = [f"127.0.0.1:{alertmanager_port}"]

@@ -29,8 +29,11 @@ from tests.integration.kafka_helpers import (
     Topics,
     deploy_traffic,
     expected_windows,
+    free_port,
     produce,
 )
+from tests.integration.monitoring_helpers import Prometheus, wait_for
+from tests.integration.test_e2e_alerting import dashboard_queries, substitute
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -104,6 +107,45 @@ def check_against_offline_and_replay(
     assert "regression" in {m["verdict"] for m in compared["metrics"]}
 
 
+GLOBAL_SERIES = ("retrieval_rolling_", "retrieval_regression")
+
+
+def _values(prometheus: Prometheus, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(r["metric"].items())): round(float(r["value"][1]), 9)
+        for r in prometheus.query(expr)
+    }
+
+
+def check_dashboards_count_replicas_once(replicas: list[ServiceProcess], tmp_path: Path) -> None:
+    """Every panel over a global series gives the same values whether Prometheus scrapes
+    one replica or both (each replica exports the same values; the panels take them once)."""
+    one = Prometheus(tmp_path / "prom-one", [replicas[0].port], free_port())
+    both = Prometheus(tmp_path / "prom-both", [r.port for r in replicas], free_port())
+    probe = 'count(retrieval_rolling_labelled_queries{window="24h"})'
+    wait_for("both Prometheus to scrape", lambda: one.query(probe) and both.query(probe), 90)
+    wait_for(  # every target of both scraped at least once
+        "both replicas scraped",
+        lambda: len([s for s in both.query("up") if s["value"][1] == "1"]) == len(replicas),
+        90,
+    )
+    panels = [
+        (title, substitute(expr))
+        for _, title, expr in dashboard_queries()
+        if any(name in expr for name in GLOBAL_SERIES)
+    ]
+    assert len(panels) >= 10, panels
+    for title, expr in panels:
+        assert _values(one, expr) == _values(both, expr), f"{title}: {expr}"
+    # what the panels avoid: summing the replicas' identical copies counts them twice
+    naive = 'sum(retrieval_rolling_labelled_queries{window="24h"})'
+    [(_, once)] = _values(one, naive).items()
+    [(_, twice)] = _values(both, naive).items()
+    assert twice == 2 * once > 0
+    for prometheus in (one, both):
+        prometheus.stop()
+
+
 def test_every_replica_gives_the_same_global_answers(topics: Topics, tmp_path: Path) -> None:
     # five hours with a bad deploy half way, ending 40 minutes ago: every window is
     # final once the watermark passes the data (idleness), and the regressions are open
@@ -145,6 +187,7 @@ def test_every_replica_gives_the_same_global_answers(topics: Topics, tmp_path: P
         return {k: v for k, v in r.samples().items() if k[0] == "retrieval_regression"}
 
     assert series(a) == series(b) != {}
+    check_dashboards_count_replicas_once(replicas, tmp_path)
 
     # a replica that starts now catches up from the topic and agrees
     c = ServiceProcess(topics, tmp_path / "c.log", transactional_id="g-c")
