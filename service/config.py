@@ -130,9 +130,9 @@ class Settings(BaseSettings):
     """Stable per replica, so a restarted process fences its crashed predecessor at once;
     default ``<group_id>-<hostname>-<http_port>``."""
     commit_interval: PositiveDuration = "5s"  # type: ignore[assignment]
-    progress_stall: PositiveDuration = "1h"  # type: ignore[assignment]
-    """Global view: an input partition whose committed progress lies this far (event time)
-    behind the most advanced one is left out of the detector's boundary (unowned, stuck)."""
+    progress_stall: PositiveDuration = "15m"  # type: ignore[assignment]
+    """Global view: an input partition whose committed progress has not moved for this long
+    (wall clock) while others moved is left out of the detector's boundary (unowned, stuck)."""
     poll_timeout: PositiveDuration = "200ms"  # type: ignore[assignment]
     max_poll_records: int = Field(2000, ge=1)
     max_topic_lead: Duration = "10m"  # type: ignore[assignment]

@@ -25,7 +25,7 @@ from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows
-from service.times import HOUR_MS
+from service.times import HOUR_MS, MINUTE_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +34,9 @@ class MonitorConfig:
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    progress_stall_ms: int = HOUR_MS
-    """A partition whose progress lies this far behind the others is left out (global)."""
+    progress_stall_ms: int = 15 * MINUTE_MS
+    """A partition whose progress has not moved for this long (wall clock) while others
+    moved is left out of the global boundary."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> MonitorConfig:
@@ -97,7 +98,7 @@ class WindowView:
         watermark_ms: Callable[[], int | None] | None = None,
         *,
         attribution_ms: int = 0,
-        stall_ms: int = HOUR_MS,
+        stall_ms: int = 15 * MINUTE_MS,
     ) -> None:
         self.closed = ClosedWindows(window_ms, max(rolling_ms))
         self.rolling_ms = rolling_ms
@@ -109,6 +110,8 @@ class WindowView:
         """Global mode: input partition -> the progress it committed (event time)."""
         self.behind: set[int] = set()
         """Global mode: partitions left out of the boundary (stalled, unowned)."""
+        self._moved_ms: dict[int, int] = {}
+        """Global mode: wall time at which each partition's progress last moved."""
         self.boundary_ms: int | None = None
         """Global mode: every window ending at or before this is in the view."""
         self.delay_ms: int | None = None
@@ -129,24 +132,33 @@ class WindowView:
             return self._watermark_ms()
         return None if self.boundary_ms is None else self.boundary_ms + self.attribution_ms
 
-    def apply_progress(self, progress: Mapping[int, int], partitions: int) -> int | None:
+    def apply_progress(
+        self, progress: Mapping[int, int], partitions: int, now_ms: int
+    ) -> int | None:
         """Global mode: the committed progress of the input partitions; run the detector.
 
         The boundary is the smallest progress over all ``partitions``. A partition that
-        has not committed any progress yet is waited for; one whose progress lies more
-        than ``stall_ms`` behind the most advanced partition (its owner died and no one
-        took it over yet, or it is stuck) is left out and listed in :attr:`behind`, so it
-        cannot hold detection for ever; its windows join the view when they come, but
-        boundaries already evaluated are not evaluated again.
+        has not committed any progress yet is waited for. One whose progress has not
+        moved for ``stall_ms`` of wall time while another's did (its owner died and no
+        one took it over yet, or it is stuck) is left out and listed in :attr:`behind`,
+        so it cannot hold detection for ever; its windows join the view when they come,
+        but boundaries already evaluated are not evaluated again. A partition that is
+        catching up a backlog, or has no traffic (idleness moves its watermark), commits
+        moving progress and is never left out.
         """
         for p, closed in progress.items():
-            self.progress[p] = max(self.progress.get(p, NEVER), closed)
+            if closed > self.progress.get(p, NEVER):
+                self.progress[p] = closed
+                self._moved_ms[p] = now_ms
         known = [self.progress.get(p) for p in range(partitions)]
         if not known or any(v is None for v in known):
             return self.boundary_ms
         values = [v for v in known if v is not None]
-        lead = max(values)
-        self.behind = {p for p, v in enumerate(values) if v < lead - self.stall_ms}
+        moved = [self._moved_ms[p] for p in range(partitions)]
+        latest = max(moved)
+        self.behind = {
+            p for p, at in enumerate(moved) if now_ms - at > self.stall_ms and at < latest
+        }
         boundary = min(v for p, v in enumerate(values) if p not in self.behind)
         if self.boundary_ms is None or boundary > self.boundary_ms:
             self.boundary_ms = boundary

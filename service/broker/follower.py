@@ -148,7 +148,7 @@ class WindowFollower:
                     next_check = now + self.interval_s
                 if pending is not None and self._caught_up(pending[1]):
                     with self.state.lock:
-                        self.view.apply_progress(pending[0], self.partitions)
+                        self.view.apply_progress(pending[0], self.partitions, self.state.wall_ms())
                     pending = None
             except KafkaError as error:  # the broker is away: try again, stay in place
                 log.warning("following %s failed (%s); retrying", self.windows_topic, error)

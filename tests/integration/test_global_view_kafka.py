@@ -13,6 +13,7 @@ the topic and agrees too.
 from __future__ import annotations
 
 import json
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -25,12 +26,14 @@ from service.replay import replay
 from service.sim.simulator import SimEvent, generate, write_jsonl
 from service.times import HOUR_MS, MINUTE_MS, parse_aware_ms, rfc3339
 from tests.integration.kafka_helpers import (
+    FAST,
     ServiceProcess,
     Topics,
     deploy_traffic,
     expected_windows,
     free_port,
     produce,
+    total,
 )
 from tests.integration.monitoring_helpers import Prometheus, wait_for
 from tests.integration.test_e2e_alerting import dashboard_queries, substitute
@@ -210,5 +213,42 @@ def test_every_replica_gives_the_same_global_answers(topics: Topics, tmp_path: P
         f"{_get(c, '/api/v1/regressions')['evaluated_through']} (data ends {rfc3339(end_ms)}, "
         f"{sim.duration_ms // HOUR_MS} h of traffic)"
     )
+    for r in replicas:
+        assert r.stop() == 0
+
+
+def test_a_replica_killed_mid_stream_changes_no_answer(topics: Topics, tmp_path: Path) -> None:
+    """B is killed with kill -9 while it consumes its half; a new B starts with the same
+    transactional id (fencing the dead one's open transaction). Both replicas end with the
+    same answers, the offline evaluation's and replay's."""
+    sim = deploy_traffic(bad=True, seed=32)
+    sim = replace(sim, start_ms=sim.start_ms - 40 * MINUTE_MS)
+    events = list(generate(sim))
+    produce(topics, events)
+    end_ms = sim.start_ms + sim.duration_ms
+    settings = {**FAST, "max_poll_records": "100"}
+    a = ServiceProcess(topics, tmp_path / "a.log", transactional_id="k-a", **settings)
+    b = ServiceProcess(topics, tmp_path / "b.log", transactional_id="k-b", **settings)
+    b.wait_until(lambda: total(b.samples(), "retrieval_events_total") > 2000, 120, "B mid-stream")
+    read = total(b.samples(), "retrieval_events_total")
+    b.stop(signal.SIGKILL)
+    b = ServiceProcess(topics, tmp_path / "b2.log", transactional_id="k-b", **settings)
+    replicas = [a, b]
+
+    def complete(r: ServiceProcess) -> bool:
+        status, body = r.get("/api/v1/regressions")
+        through = json.loads(body)["evaluated_through"] if status == 200 else None
+        return through is not None and (parse_aware_ms(through) or 0) >= end_ms
+
+    for r in replicas:
+        r.wait_until(lambda r=r: complete(r), 300, "the global view past the data")
+    deadline = time.monotonic() + 60
+    agreed = _agreed(replicas)
+    while agreed is None and time.monotonic() < deadline:
+        time.sleep(1)
+        agreed = _agreed(replicas)
+    assert agreed is not None, [_answers(r) for r in replicas]
+    check_against_offline_and_replay(agreed, events, tmp_path)
+    print(f"\nkill -9 of B after it read {read:.0f} of {len(events)} events: both agree")
     for r in replicas:
         assert r.stop() == 0

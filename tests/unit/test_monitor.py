@@ -35,26 +35,37 @@ def test_windows_confirmed_twice_reach_the_view_once() -> None:
 
 
 def test_the_global_boundary_waits_for_every_partition_and_leaves_out_a_stalled_one() -> None:
-    config = MonitorConfig(detector=DetectorConfig(metrics=("mrr",)), progress_stall_ms=12 * W)
+    minute = 60_000
+    config = MonitorConfig(detector=DetectorConfig(metrics=("mrr",)), progress_stall_ms=15 * minute)
     view = Monitor(config, lambda: T0, global_view=True).view
     assert view.is_global
     assert view.watermark_ms is None
     view.add([_window(T0, 4, partition=p) for p in range(3)])
-    assert view.apply_progress({0: T0 + W, 1: T0 + 2 * W}, partitions=3) is None  # 2 waits
+    now = T0 + 86_400_000  # wall clock
+
+    def apply(progress: dict[int, int], minutes: int) -> int | None:
+        return view.apply_progress(progress, 3, now + minutes * minute)
+
+    assert apply({0: T0 + W, 1: T0 + 2 * W}, 0) is None  # partition 2 has not committed yet
     assert view.detector.through_ms is None
-    assert view.apply_progress({2: T0 + W}, partitions=3) == T0 + W  # the smallest
+    assert apply({2: T0 + W}, 1) == T0 + W  # the smallest
     assert view.detector.through_ms == T0 + W
     assert view.watermark_ms == T0 + W + config.pipeline.join.attribution_ms
-    # partition 2 stops (its owner died): the others run on, it holds the boundary ...
-    assert view.apply_progress({0: T0 + 12 * W, 1: T0 + 13 * W}, partitions=3) == T0 + W
+    # partition 2 catches up a backlog far behind the others: its progress moves, it
+    # holds the boundary however far behind it is
+    assert apply({0: T0 + 40 * W, 1: T0 + 40 * W, 2: T0 + 2 * W}, 10) == T0 + 2 * W
+    assert apply({0: T0 + 41 * W, 1: T0 + 41 * W, 2: T0 + 3 * W}, 20) == T0 + 3 * W
     assert view.behind == set()
-    # ... until it lies more than progress_stall behind the most advanced one
-    assert view.apply_progress({0: T0 + 14 * W, 1: T0 + 14 * W}, partitions=3) == T0 + 14 * W
+    # then it stops (its owner died): 15 minutes of wall time later it is left out ...
+    assert apply({0: T0 + 42 * W, 1: T0 + 42 * W}, 35) == T0 + 3 * W
+    assert view.behind == set()
+    assert apply({0: T0 + 43 * W, 1: T0 + 43 * W}, 36) == T0 + 43 * W
     assert view.behind == {2}
-    assert view.detector.through_ms == T0 + 14 * W
-    # when it comes back, it rejoins; the boundary never goes back
-    assert view.apply_progress({2: T0 + 5 * W}, partitions=3) == T0 + 14 * W
-    assert view.apply_progress({2: T0 + 14 * W}, partitions=3) == T0 + 14 * W
+    assert view.detector.through_ms == T0 + 43 * W
+    # ... until it moves again: it rejoins, and the boundary never goes back
+    assert apply({2: T0 + 5 * W}, 40) == T0 + 43 * W
     assert view.behind == set()
-    assert view.apply_progress({2: T0 + 13 * W}, partitions=3) == T0 + 14 * W  # only grows
-    assert view.progress[2] == T0 + 14 * W
+    assert apply({0: T0 + 50 * W, 1: T0 + 50 * W, 2: T0 + 45 * W}, 45) == T0 + 45 * W
+    # nothing moves anywhere (no traffic, no idleness): nobody is left out
+    assert apply({}, 120) == T0 + 45 * W
+    assert view.behind == set()
