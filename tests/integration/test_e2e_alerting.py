@@ -60,26 +60,36 @@ VARIABLES = {
 class Stack:
     switch_ms: int
     topics: Topics
-    service: ServiceProcess
+    replicas: list[ServiceProcess]
     webhook: Webhook
     alertmanager: Alertmanager
     prometheus: Prometheus
 
+    @property
+    def service(self) -> ServiceProcess:
+        return self.replicas[0]
 
-def start_stack(admin: KafkaAdminClient, tmp: Path, name: str, bad: bool) -> Stack:
+
+def start_stack(
+    admin: KafkaAdminClient, tmp: Path, name: str, bad: bool, replicas: int = 1
+) -> Stack:
     topics = create_topics(admin)
     sim = deploy_traffic(bad, seed=11)
     produce(topics, generate(sim))
-    service = ServiceProcess(topics, tmp / f"{name}-service.log")
+    services = [
+        ServiceProcess(topics, tmp / f"{name}-service-{i}.log", transactional_id=f"{name}-{i}")
+        for i in range(replicas)
+    ]
     webhook = Webhook()
     alertmanager = Alertmanager(tmp / f"{name}-alertmanager", webhook.url)
-    prometheus = Prometheus(tmp / f"{name}-prometheus", service.port, alertmanager.port)
-    return Stack(sim.switch_at_ms or 0, topics, service, webhook, alertmanager, prometheus)
+    ports = [s.port for s in services]
+    prometheus = Prometheus(tmp / f"{name}-prometheus", ports, alertmanager.port)
+    return Stack(sim.switch_at_ms or 0, topics, services, webhook, alertmanager, prometheus)
 
 
 @pytest.fixture
 def stacks(admin: KafkaAdminClient, tmp_path: Path) -> Iterator[tuple[Stack, Stack]]:
-    bad = start_stack(admin, tmp_path, "bad", bad=True)
+    bad = start_stack(admin, tmp_path, "bad", bad=True, replicas=2)
     control = start_stack(admin, tmp_path, "control", bad=False)
     yield bad, control
     for stack in (bad, control):
@@ -104,9 +114,10 @@ def _regression_series(stack: Stack) -> dict[tuple[tuple[str, str], ...], float]
 
 @pytest.mark.slow
 def test_a_bad_deploy_pages_on_call_and_a_good_one_does_not(stacks: tuple[Stack, Stack]) -> None:
-    bad, control = stacks
+    bad, control = stacks  # the bad deploy on two replicas, the control on one
     for stack in stacks:
-        stack.service.wait_ready()
+        for replica in stack.replicas:
+            replica.wait_ready()
     for stack in stacks:
         stack.service.wait_until(lambda s=stack: _detector_ran(s), 240, "the detector to run")
 
@@ -128,6 +139,22 @@ def test_a_bad_deploy_pages_on_call_and_a_good_one_does_not(stacks: tuple[Stack,
         every_s=5,
     )
     labels = firing[0]["labels"]
+    # two replicas export the same regression series: each alert fires once, with the
+    # labels of the regression and none of a replica
+    label_sets = [tuple(sorted(a["labels"].items())) for a in firing]
+    assert len(set(label_sets)) == len(label_sets), firing
+    assert all("instance" not in a["labels"] for a in firing)
+    open_keys = {(r["retriever"], r["segment"], r["metric"], r["baseline"]) for r in open_now}
+    fired_keys = {
+        (
+            a["labels"]["retriever"],
+            a["labels"]["segment"],
+            a["labels"]["metric"],
+            a["labels"]["baseline"],
+        )
+        for a in firing
+    }
+    assert fired_keys <= open_keys
     assert labels["retriever"] == "hybrid-v8"
     assert labels["severity"] == "page"
     assert firing[0]["annotations"]["runbook_url"].endswith("#retrievalqualityregression")
@@ -139,6 +166,16 @@ def test_a_bad_deploy_pages_on_call_and_a_good_one_does_not(stacks: tuple[Stack,
         timeout_s=120,
     )
     assert delivered[0]["labels"]["retriever"] == "hybrid-v8"
+
+    def same_series() -> bool:  # read twice: the boundary may move between the reads
+        theirs = {
+            labels: value
+            for (name, labels), value in bad.replicas[1].samples().items()
+            if name == "retrieval_regression"
+        }
+        return _regression_series(bad) == theirs != {}
+
+    wait_for("both replicas to export the same regression series", same_series, 60)
 
     # the control stack ran as long, was tested, and stayed silent
     control_series = _regression_series(control)
