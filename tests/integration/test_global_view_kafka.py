@@ -230,20 +230,26 @@ def test_every_replica_gives_the_same_global_answers(
 
 
 def test_a_replica_killed_mid_stream_changes_no_answer(topics: Topics, tmp_path: Path) -> None:
-    """B is killed with kill -9 while it consumes its half; a new B starts with the same
-    transactional id (fencing the dead one's open transaction). Both replicas end with the
-    same answers, the offline evaluation's and replay's."""
+    """B, alone in the group, is killed with kill -9 while it consumes; A and a new B (the
+    same transactional id, fencing the dead one's open transaction) then share the rest.
+    Both replicas end with the same answers, the offline evaluation's and replay's.
+
+    B starts alone: with two replicas started together, the first in the group could read
+    every partition before the second joined, and then nothing would be killed mid-stream.
+    The events are produced up front (historic event time; a stream that starts after the
+    partitions went idle would be late by the contract)."""
     sim = deploy_traffic(bad=True, seed=32)
     sim = replace(sim, start_ms=sim.start_ms - 40 * MINUTE_MS)
     events = list(generate(sim))
     produce(topics, events)
     end_ms = sim.start_ms + sim.duration_ms
     settings = {**FAST, "max_poll_records": "100"}
-    a = ServiceProcess(topics, tmp_path / "a.log", transactional_id="k-a", **settings)
     b = ServiceProcess(topics, tmp_path / "b.log", transactional_id="k-b", **settings)
     b.wait_until(lambda: total(b.samples(), "retrieval_events_total") > 2000, 120, "B mid-stream")
     read = total(b.samples(), "retrieval_events_total")
     b.stop(signal.SIGKILL)
+    assert read < len(events) / 2, f"B read {read} of {len(events)} events before the kill"
+    a = ServiceProcess(topics, tmp_path / "a.log", transactional_id="k-a", **settings)
     b = ServiceProcess(topics, tmp_path / "b2.log", transactional_id="k-b", **settings)
     replicas = [a, b]
 
