@@ -28,6 +28,7 @@ from typing import Literal, Protocol
 
 from service.errors import ConfigError
 from service.sim.clicks import ClickModel, check_rate, simulate_feedback
+from service.sim.shape import TrafficShape
 from service.times import HOUR_MS, rfc3339_millis
 
 DEFAULT_START_MS = 1_796_083_200_000
@@ -131,6 +132,8 @@ class SimulationConfig:
     """Keep below the service's max_out_of_orderness (60 s) or events will be late."""
     id_prefix: str | None = None
     """Query ids are ``<prefix><n>``; None: ``s<seed>t<start seconds>-``."""
+    shape: TrafficShape | None = None
+    """Daily cycles, canaries, rollbacks, drift (:mod:`service.sim.shape`); None: flat."""
 
     def __post_init__(self) -> None:
         for name in ("abandon_rate", "citation_rate", "citation_noise_rate", "lag_spike_rate"):
@@ -171,12 +174,22 @@ class SimulationConfig:
             else self.switch_at_ms
         )
 
-    def profile_at(self, timestamp_ms: int) -> RetrieverProfile:
-        """The effective profile serving a query at this time (the quality drop applied)."""
-        deploy_ms = self.deploy_ms
-        if self.after is None or deploy_ms is None or timestamp_ms < deploy_ms:
-            return self.before
-        return replace(self.after, find_rate=max(0.0, self.after.find_rate - self.quality_drop))
+    def profile_at(self, timestamp_ms: int, draw: float = 0.0) -> RetrieverProfile:
+        """The effective profile serving a query at this time (the quality drop applied;
+        with a shape, ``draw`` in [0, 1) decides a canary's share)."""
+        deploy_ms, shape = self.deploy_ms, self.shape
+        new = self.after is not None and deploy_ms is not None and timestamp_ms >= deploy_ms
+        if new and shape is not None and deploy_ms is not None:
+            new = shape.new_version_serves(timestamp_ms, deploy_ms, draw)
+        if not new or self.after is None:
+            profile, shift = self.before, 0.0
+        else:
+            profile, shift = self.after, -self.quality_drop
+        if shape is not None:
+            shift += shape.find_rate_shift(timestamp_ms)
+        if shift == 0.0:
+            return profile
+        return replace(profile, find_rate=min(1.0, max(0.0, profile.find_rate + shift)))
 
 
 def _chunk_id(index: int) -> str:
@@ -238,7 +251,8 @@ class _Simulator:
     def query(self, number: int, timestamp_ms: int) -> SimQuery:
         c, rng = self.config, self.rng
         query_id = f"{self.prefix}{number}"
-        profile = c.profile_at(timestamp_ms)
+        draw = rng.random() if c.shape is not None else 0.0
+        profile = c.profile_at(timestamp_ms, draw)
         segment = rng.choices(self.segment_names, self.segment_weights)[0]
         n_relevant = rng.choices((1, 2, 3, 4), _RELEVANT_COUNT_WEIGHTS)[0]
         relevant: dict[str, int] = {}
@@ -286,13 +300,18 @@ class _Simulator:
 def simulate_queries(config: SimulationConfig) -> Iterator[SimQuery]:
     """The run's queries in event-time order (Poisson arrivals), with ground truth and events."""
     sim = _Simulator(config)
-    rate_per_ms = config.queries_per_hour / HOUR_MS
+    shape = config.shape
+    peak = 1.0 + (shape.volume_amplitude if shape is not None else 0.0)
+    rate_per_ms = config.queries_per_hour * peak / HOUR_MS
     clock_ms = float(config.start_ms)
     number = 0
     while True:
         clock_ms += sim.rng.expovariate(rate_per_ms)
         if clock_ms >= config.end_ms:
             return
+        # a time-varying rate by thinning: keep an arrival with probability rate(t) / peak
+        if shape is not None and sim.rng.random() * peak >= shape.volume(int(clock_ms)):
+            continue
         yield sim.query(number, int(clock_ms))
         number += 1
 
