@@ -67,7 +67,9 @@ class MonitorConfig:
             min_labelled=settings.regression_min_labelled,
             min_effect=settings.regression_min_effect,
             alpha=settings.regression_alpha,
-            drift_alpha=settings.regression_drift_alpha,
+            tau=settings.regression_tau,
+            drift_budget=settings.regression_drift_budget,
+            drift_period_ms=whole_windows(settings.regression_drift_period, window),
             close_after_ms=whole_windows(settings.regression_close_after, window),
         )
         return cls(pipeline=pipeline, detector=detector, progress_stall_ms=settings.progress_stall)
@@ -221,5 +223,5 @@ class Monitor:
     def history_ms(self) -> int:
         """How much published history the rolling views and the detector use (plus slack)."""
         d = self.detector.config
-        reach = max(d.candidate_ms + d.baseline_ms, d.deploy_watch_ms) + d.window_ms
+        reach = d.reach_ms + d.window_ms
         return max(reach, *self.config.pipeline.rolling_ms) + 2 * d.attribution_ms + HOUR_MS

@@ -1,57 +1,73 @@
-"""Regression detection on merged closed-window aggregates: deploy comparison and drift.
+"""Regression detection on merged closed-window aggregates: sequential tests whose
+false-alarm rate holds however often they look.
 
 The detector sees the same closed windows that are published (merged over partitions)
 and evaluates once per window boundary ``T`` of event time, in order, so the result
 depends only on the windows and not on how they were batched: ``run``, ``demo`` and
-``replay`` open the same regressions for the same events.
+``replay`` open the same regressions for the same events. Windows still maturing are
+never compared.
 
-At boundary ``T`` every window ending at or before ``T`` is closed, which means its
-queries are final: the attribution window has passed and labels no longer change.
-Windows still maturing are never compared. For each (retriever, segment) and each
-watched metric the *candidate* is the last ``candidate_ms`` of closed windows, compared
-with two baselines:
+Every comparison is a mixture sequential probability ratio test
+(:mod:`service.metrics.sequential`) of "candidate mean minus baseline mean", looked at
+every boundary; it opens a regression when its e-value reaches ``members / alpha`` of
+its family (Bonferroni over the family's tests), the drop is at least ``min_effect`` and
+both sides have ``min_labelled`` values. By Ville's inequality a family whose versions
+do not differ opens nothing, at any look, with probability at least ``1 - alpha``.
+Metrics are the configured ones plus the labelled share (queries with a relevant label
+among all finalised queries).
 
-* **deploy**: when a retriever version first appears in a segment that already had
-  traffic, the version that served most of the segment's labelled queries in the
-  ``candidate_ms`` before the switch is the previous version; its last ``baseline_ms``
-  before the switch is frozen as the baseline for ``deploy_watch_ms``, and the new
-  version's candidate is everything since the switch (evidence accumulates, so a real
-  drop stays detected and a short-lived blip is diluted);
-* **drift**: the same slice's ``baseline_ms`` just before the candidate.
+* **deploy / canary**: when a retriever version first appears in a segment that already
+  had traffic, the version that served most of the segment's labelled queries in the
+  ``candidate_ms`` before the switch is the previous one; the new version's windows
+  since the switch are watched for ``deploy_watch_ms``, one family of ``alpha`` per
+  deploy. While the previous version still serves beside it (a *canary*), the two are
+  compared over the same span since the switch: the same traffic mix, hours and label
+  maturity. Once it no longer serves (a full rollout, or a promoted canary), the new
+  version is compared with the previous one's last ``baseline_ms`` before the switch
+  plus whatever it served after. Both phases share one regression key, so a promoted
+  canary keeps one comparison; when there was a canary phase, each phase spends half of
+  ``alpha`` (a union bound keeps the deploy's total at ``alpha``).
+* **drift**: outside deploys, a false-alarm budget for the whole deployment
+  (``drift_budget`` per 30 days) is spent in epoch-aligned periods of
+  ``drift_period_ms``: in each, a slice's windows since the period start are compared
+  with its own windows over the same hours one day earlier (so a daily cycle of traffic
+  and quality cancels), one sequential test per slice and metric, restarted every
+  period; the period's share of the budget is split over the slices that had
+  ``min_labelled`` queries the day before the period began (fixed for the period).
 
-Each comparison is a one-sided Welch t-test of "the candidate mean is lower". The
-deploy comparisons of one boundary form one family and the drift tests another, each
-corrected with Holm's method over its metrics x slices; a boundary's family-wise error
-is at most ``alpha + drift_alpha``. A regression opens when the adjusted p-value is
-below its family's level *and* the drop is at least ``min_effect`` *and* both sides
-have at least ``min_labelled`` values;
-it closes once that has been false (or untestable) for ``close_after_ms`` of event time.
+A regression closes once it has not been significant (or not testable) for
+``close_after_ms`` of event time.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.detect.history import SliceHistory
 from service.detect.model import (
+    DRIFT_LABEL,
     BoundaryTest,
     ComparisonKind,
     Deploy,
     DetectorConfig,
+    Family,
     Plan,
     Regression,
     RegressionKey,
-    Side,
     Sums,
 )
-from service.metrics.aggregates import Moments
-from service.metrics.stats import holm_adjust, welch_test
+from service.metrics.aggregates import SCALE, Moments
+from service.metrics.ir import MetricKey
+from service.metrics.sequential import msprt, running_p
 from service.stream.windows import ClosedWindow, SliceKey
+from service.times import DAY_MS
 
 DEPLOY = ComparisonKind.DEPLOY
+CANARY = ComparisonKind.CANARY
 DRIFT = ComparisonKind.DRIFT
 
 
@@ -74,20 +90,33 @@ class Detector:
     """The last evaluated boundary."""
     _series: dict[SliceKey, SliceHistory] = field(default_factory=dict)
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
+    _canaried: set[SliceKey] = field(default_factory=set)
+    """New versions that served beside their previous one (a canary phase)."""
+    _running: dict[tuple[str, str, MetricKey, ComparisonKind, int], float] = field(
+        default_factory=dict
+    )
+    """The smallest 1 / e-value so far of each run of a sequential test."""
+    _period: int | None = None
+    _family: frozenset[SliceKey] = frozenset()
+    _watched: tuple[MetricKey, ...] = ()
 
     def __post_init__(self) -> None:
         self.opened = deque(maxlen=self.keep_opened)
+        self._watched = self.config.watched
 
     def add(self, windows: Iterable[ClosedWindow]) -> None:
         """Merge closed windows (any partition, any order; a repeat replaces its copy)."""
         metrics = self.config.metrics
-        width = 3 * len(metrics)
+        share = self.config.labelled_share
+        width = 3 * len(self._watched)
         empty = Moments()
         for w in windows:
             row: list[int] = []
             for name in metrics:
                 m = w.metrics.get(name, empty)
                 row += (m.count, m.sum_fx, m.sum_sq_fx)
+            if share:  # a 0/1 value per finalised query
+                row += (w.queries, w.labelled * SCALE, w.labelled * SCALE)
             key = (w.retriever, w.segment)
             series = self._series.get(key)
             if series is None:
@@ -104,7 +133,7 @@ class Detector:
         boundary = min(firsts) + step
         if self.through_ms is not None:
             boundary = max(boundary, self.through_ms + step)
-        reach = max(self.config.candidate_ms + self.config.baseline_ms, self.config.deploy_watch_ms)
+        reach = self.config.reach_ms
         # most calls have no new boundary (a commit without a newly closed window)
         starts = (
             sorted({start for s in self._series.values() for start in s.starts})
@@ -132,22 +161,18 @@ class Detector:
     def _evaluate(self, boundary: int) -> list[Regression]:
         cfg = self.config
         planned: list[Plan] = []
+        drift_family = self._drift_family(boundary)
+        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
         for key, series in self._series.items():
-            candidate = series.total(boundary - cfg.candidate_ms, boundary)
             deploy = self._deploy(key, series, boundary)
-            drift_hi = boundary - cfg.candidate_ms
-            drift = series.total(drift_hi - cfg.baseline_ms, drift_hi)
-            sides = [Side(DRIFT, cfg.drift_label, drift, candidate)]
             if deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms:
-                # everything since the deploy: evidence accumulates instead of sliding
-                since = series.total(deploy.at_ms, boundary)
-                sides.append(Side(DEPLOY, deploy.previous, deploy.baseline, since))
-            for index, metric in enumerate(cfg.metrics):
-                for kind, label, base_sums, cand_sums in sides:
-                    base, cand = _moments(base_sums, index), _moments(cand_sums, index)
-                    if min(base.count, cand.count) >= cfg.min_labelled:
-                        planned.append(Plan(key, metric, kind, label, base, cand))
-        results = self._test(planned)
+                planned += self._plan_deploy(key, series, deploy, boundary)
+            if key in drift_family:
+                base = series.total(period - DAY_MS, boundary - DAY_MS)
+                candidate = series.total(period, boundary)
+                family = Family(DRIFT, DRIFT_LABEL, cfg.drift_alpha, len(drift_family), period)
+                planned += self._plans(key, family, base, candidate)
+        results = [self._look(plan) for plan in planned]
         self.latest = {c.key: c for c in results}
         opened: list[Regression] = []
         for c in results:
@@ -175,48 +200,92 @@ class Detector:
                 del self.open[open_key]
         return opened
 
-    def _test(self, planned: list[Plan]) -> list[BoundaryTest]:
+    def _plan_deploy(
+        self, key: SliceKey, series: SliceHistory, deploy: Deploy, boundary: int
+    ) -> list[Plan]:
+        """The canary comparison while the previous version serves beside the new one, the
+        deploy comparison once it does not."""
         cfg = self.config
-        raw = []
-        for plan in planned:
-            base, cand = plan.base, plan.candidate
-            raw.append(
-                welch_test(
-                    (base.mean or 0.0, base.variance or 0.0, base.count),
-                    (cand.mean or 0.0, cand.variance or 0.0, cand.count),
-                )
-            )
-        # two families, each Holm-corrected over its metrics x slices: deploy comparisons
-        # (a bounded watch after each deploy) and drift (tested at every boundary)
-        adjusted = [1.0] * len(raw)
-        for kind in (DEPLOY, DRIFT):
-            members = [i for i, plan in enumerate(planned) if plan.kind == kind]
-            for i, p in zip(members, holm_adjust([raw[i].p_lower for i in members]), strict=True):
-                adjusted[i] = p
+        previous = self._series.get((deploy.previous, key[1]))
+        candidate = series.total(deploy.at_ms, boundary)
+        since: Sums = previous.total(deploy.at_ms, boundary) if previous else [0] * series.width
+        # after the switch's own window (which holds both versions' queries of a full rollout)
+        recent = max(deploy.at_ms + cfg.window_ms, boundary - cfg.candidate_ms)
+        serving = previous is not None and any(previous.total(recent, boundary)[0::3])
+        canaried = key in self._canaried
+        if serving:
+            self._canaried.add(key)
+            family = Family(CANARY, deploy.previous, cfg.alpha / 2, 1, deploy.at_ms)
+            return self._plans(key, family, since, candidate)
+        if deploy.daily and previous is not None:
+            # the previous version over the same hours one day earlier: a daily cycle of
+            # traffic and quality cancels (the full day before would not match the hours)
+            base: Sums = previous.total(deploy.at_ms - DAY_MS, boundary - DAY_MS)
+        else:  # less than a day of its history: its last hours, and whatever it served since
+            base = [a + b for a, b in zip(deploy.baseline, since, strict=True)]
+        alpha = cfg.alpha / 2 if canaried else cfg.alpha
+        family = Family(DEPLOY, deploy.previous, alpha, 1, deploy.at_ms)
+        return self._plans(key, family, base, candidate)
+
+    def _plans(self, key: SliceKey, family: Family, base: Sums, candidate: Sums) -> list[Plan]:
+        """One look per watched metric with enough values on both sides; the family's
+        members are every metric of every slice in it, tested now or not."""
+        members = family.slices * len(self._watched)
         out = []
-        for plan, r, p in zip(planned, raw, adjusted, strict=True):
-            key, metric, kind, label, base, cand = plan
-            out.append(
-                BoundaryTest(
-                    retriever=key[0],
-                    segment=key[1],
-                    metric=metric,
-                    baseline=label,
-                    kind=kind,
-                    baseline_mean=base.mean or 0.0,
-                    candidate_mean=cand.mean or 0.0,
-                    n_baseline=base.count,
-                    n_candidate=cand.count,
-                    delta=r.delta,
-                    se=r.se,
-                    df=r.df,
-                    p_value=p,
-                    p_raw=r.p_lower,
-                    regressed=p < (cfg.alpha if kind == DEPLOY else cfg.drift_alpha)
-                    and -r.delta >= cfg.min_effect,
-                )
-            )
+        for index, metric in enumerate(self._watched):
+            b, c = _moments(base, index), _moments(candidate, index)
+            if min(b.count, c.count) >= self.config.min_labelled:
+                out.append(Plan(key, metric, family, members, b, c))
         return out
+
+    def _look(self, plan: Plan) -> BoundaryTest:
+        cfg = self.config
+        key, metric, family, members, base, cand = plan
+        level = family.alpha / members
+        r = msprt(
+            (base.mean or 0.0, base.variance or 0.0, base.count),
+            (cand.mean or 0.0, cand.variance or 0.0, cand.count),
+            tau=cfg.tau,
+            alpha=level,
+        )
+        run_key = (*key, metric, family.kind, family.start_ms)
+        smallest = running_p(self._running.get(run_key), r)
+        self._running[run_key] = smallest
+        return BoundaryTest(
+            retriever=key[0],
+            segment=key[1],
+            metric=metric,
+            baseline=family.baseline,
+            kind=family.kind,
+            baseline_mean=base.mean or 0.0,
+            candidate_mean=cand.mean or 0.0,
+            n_baseline=base.count,
+            n_candidate=cand.count,
+            delta=r.delta,
+            ci_low=r.ci[0],
+            ci_high=r.ci[1],
+            log_e=r.log_e,
+            level=level,
+            family_alpha=family.alpha,
+            p_value=min(1.0, smallest * members),
+            regressed=r.log_e >= -math.log(level) and -r.delta >= cfg.min_effect,
+        )
+
+    def _drift_family(self, boundary: int) -> frozenset[SliceKey]:
+        """The slices drift-tested in the period of ``boundary``: those with
+        ``min_labelled`` values the day before the period began (fixed for the period)."""
+        cfg = self.config
+        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
+        if self._period != period:
+            self._period = period
+            self._family = frozenset(
+                key
+                for key, series in self._series.items()
+                if series.first_start_ms is not None
+                and series.first_start_ms <= period - DAY_MS
+                and max(series.total(period - DAY_MS, period)[0::3], default=0) >= cfg.min_labelled
+            )
+        return self._family
 
     # -- deploys and retention ------------------------------------------------------------
 
@@ -249,12 +318,12 @@ class Detector:
         if best is None or history_from is None or history_from > at - cfg.candidate_ms:
             return None
         previous = self._series[best[1], key[1]]
-        return Deploy(best[1], at, tuple(previous.total(at - cfg.baseline_ms, at)))
+        daily = previous.first_start_ms is not None and previous.first_start_ms <= at - DAY_MS
+        return Deploy(best[1], at, tuple(previous.total(at - cfg.baseline_ms, at)), daily)
 
     def _forget(self, boundary: int) -> None:
         cfg = self.config
-        reach = max(cfg.candidate_ms + cfg.baseline_ms, cfg.deploy_watch_ms)
-        keep_from = boundary - reach - cfg.window_ms
+        keep_from = boundary - cfg.reach_ms - cfg.window_ms
         for key, series in list(self._series.items()):
             series.drop_before(keep_from)
             deploy = self._deploys.get(key)
@@ -262,6 +331,15 @@ class Detector:
             if not series and not watched:
                 del self._series[key]
                 self._deploys.pop(key, None)
+                self._canaried.discard(key)
+        # runs still going: this drift period's, and deploys still watched
+        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
+        self._running = {
+            k: p
+            for k, p in self._running.items()
+            if (k[3] == DRIFT and k[4] == period)
+            or (k[3] != DRIFT and boundary <= k[4] + cfg.deploy_watch_ms)
+        }
 
     # -- reading ----------------------------------------------------------------------------
 

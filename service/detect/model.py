@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
-from service.metrics.stats import WelchResult
 from service.stream.windows import SliceKey
-from service.times import DAY_MS, HOUR_MS, duration_label, rfc3339
+from service.times import DAY_MS, HOUR_MS, rfc3339
 
 Sums = list[int] | tuple[int, ...]
 """Flat (count, sum_fx, sum_sq_fx) per watched metric."""
@@ -19,10 +19,25 @@ RegressionKey = tuple[str, str, MetricKey, str]
 
 
 class ComparisonKind(StrEnum):
-    """Against what a slice is compared: the previous version (deploy) or its own past."""
+    """Which test a comparison is: it says against what a slice is compared.
+
+    ``deploy``: a new version against the previous one's past (the previous version no
+    longer serves). ``canary``: a new version against the previous one over the same
+    span while both serve. ``drift``: a version against itself at the same hours of the
+    day before.
+    """
 
     DEPLOY = "deploy"
+    CANARY = "canary"
     DRIFT = "drift"
+
+
+LABELLED_SHARE: MetricKey = "labelled_share"
+"""Finalised queries with at least one relevant label / all finalised queries: a retriever
+that stops finding the answer often leaves no click at all, so its queries leave the
+means of the other metrics instead of lowering them."""
+
+THIRTY_DAYS_MS = 30 * DAY_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,66 +45,113 @@ class DetectorConfig:
     """What to test and how strictly; times in event-time milliseconds."""
 
     metrics: tuple[MetricKey, ...] = ("recall@5", "hit_rate@5", "mrr", "ndcg@10")
+    labelled_share: bool = True
+    """Also watch :data:`LABELLED_SHARE` (with the same guarantees)."""
     window_ms: int = 300_000
     attribution_ms: int = 1_800_000
     """Only for ``opened_at``: the evidence is complete that long after its last window."""
     candidate_ms: int = HOUR_MS
+    """Which version a new one replaces (the one with most labelled queries in this span
+    before the switch), and whether it still serves beside it (any query in this span)."""
     baseline_ms: int = DAY_MS
+    """The previous version's span before a deploy that its candidate is compared with."""
     deploy_watch_ms: int = DAY_MS
     """How long after a version first appears it is compared with the previous one."""
     min_labelled: int = 200
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
-    alpha: float = 0.005
-    """Family-wise error rate of the deploy comparisons of one boundary (Holm)."""
-    drift_alpha: float = 0.001
-    """Family-wise error rate of the drift tests of one boundary (Holm); drift is tested
-    all the time, deploys only for a while after each, so drift gets the stricter level."""
+    alpha: float = 0.01
+    """Per deploy of a version in a segment: the probability that a deploy which changes
+    nothing ever opens a regression during its whole watch (all metrics together)."""
+    tau: float = 0.03
+    """Scale of the mixture over effects: drops near it are found fastest."""
+    drift_budget: float = 0.5
+    """Expected false drift alarms per 30 days for the whole deployment (all slices and
+    metrics together)."""
+    drift_period_ms: int = 6 * HOUR_MS
+    """Drift tests restart every period (epoch-aligned), each spending its share of the
+    budget; a slice is compared with itself one day earlier over the same hours."""
     close_after_ms: int = HOUR_MS
 
     def __post_init__(self) -> None:
-        for name in ("candidate_ms", "baseline_ms", "deploy_watch_ms", "close_after_ms"):
+        for name in (
+            "candidate_ms",
+            "baseline_ms",
+            "deploy_watch_ms",
+            "close_after_ms",
+            "drift_period_ms",
+        ):
             value = getattr(self, name)
             if value <= 0 or value % self.window_ms:
                 raise ValueError(f"{name} must be a positive multiple of the window, got {value}")
+        if self.drift_period_ms > DAY_MS:
+            raise ValueError(f"drift_period_ms must be at most a day, got {self.drift_period_ms}")
         if self.min_labelled < 2:
             raise ValueError(f"min_labelled must be at least 2, got {self.min_labelled}")
-        for name in ("alpha", "drift_alpha"):
-            if not 0.0 < getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must lie in (0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.alpha < 1.0:
+            raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
+        if not 0.0 < self.drift_budget < THIRTY_DAYS_MS / self.drift_period_ms:
+            raise ValueError(f"drift_budget must be positive, got {self.drift_budget}")
+        if not 0.0 < self.tau < 1.0:
+            raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
         if not 0.0 <= self.min_effect < 1.0:
             raise ValueError(f"min_effect must lie in [0, 1), got {self.min_effect}")
         if not self.metrics:
             raise ValueError("at least one metric must be watched")
 
     @property
-    def drift_label(self) -> str:
-        """The ``baseline`` label of drift comparisons: ``previous_24h``."""
-        return f"previous_{duration_label(self.baseline_ms)}"
+    def watched(self) -> tuple[MetricKey, ...]:
+        """Every metric tested: the configured ones, then the labelled share."""
+        return (*self.metrics, LABELLED_SHARE) if self.labelled_share else self.metrics
+
+    @property
+    def drift_alpha(self) -> float:
+        """One drift period's share of the budget, for all slices and metrics together."""
+        return self.drift_budget * self.drift_period_ms / THIRTY_DAYS_MS
+
+    @property
+    def reach_ms(self) -> int:
+        """How far back the detector reads windows."""
+        return max(
+            self.candidate_ms + self.baseline_ms,
+            self.deploy_watch_ms + DAY_MS,
+            DAY_MS + self.drift_period_ms,
+        )
+
+
+DRIFT_LABEL = "previous_day"
+"""The ``baseline`` label of drift comparisons."""
 
 
 @dataclass(frozen=True, slots=True)
 class BoundaryTest:
-    """One one-sided test of one metric of one slice against one baseline, at one boundary."""
+    """One look of one sequential test of one metric of one slice, at one boundary."""
 
     retriever: str
     segment: str
     metric: MetricKey
     baseline: str
-    """The previous version's name (deploy) or ``previous_24h`` (drift)."""
+    """The previous version's name (deploy, canary) or ``previous_day`` (drift)."""
     kind: ComparisonKind
     baseline_mean: float
     candidate_mean: float
     n_baseline: int
     n_candidate: int
     delta: float
-    se: float
-    df: float
+    ci_low: float
+    ci_high: float
+    """The confidence sequence of the delta at the test's level: it covers the true
+    difference at every look at once."""
+    log_e: float
+    """log of the mixture likelihood ratio (the e-value) of this look."""
+    level: float
+    """The level of this one test (its family's alpha over its members)."""
+    family_alpha: float
+    """The family's error rate: a deploy's, or a drift period's share of the budget."""
     p_value: float
-    """One-sided Welch p-value, Holm-adjusted over the boundary's family."""
-    p_raw: float
+    """Always valid: the family-adjusted smallest ``1 / e-value`` so far in this test."""
     regressed: bool
-    """Significant and at least the minimum effect."""
+    """The e-value is at least ``1 / level`` and the drop at least the minimum effect."""
 
     @property
     def key(self) -> RegressionKey:
@@ -97,8 +159,11 @@ class BoundaryTest:
 
     @property
     def ci(self) -> tuple[float, float]:
-        """95% interval of the delta (computed when asked: the quantile is the costly part)."""
-        return WelchResult(self.delta, self.se, self.df, self.p_raw, 1.0).ci
+        return self.ci_low, self.ci_high
+
+    @property
+    def e_value(self) -> float:
+        return math.exp(min(self.log_e, 700.0))
 
 
 @dataclass(slots=True)
@@ -125,9 +190,12 @@ class Regression:
             "baseline_mean": c.baseline_mean,
             "candidate_mean": c.candidate_mean,
             "delta": c.delta,
-            "ci_low": c.ci[0],
-            "ci_high": c.ci[1],
+            "ci_low": c.ci_low,
+            "ci_high": c.ci_high,
             "p_value": c.p_value,
+            "e_value": c.e_value,
+            "alpha": c.family_alpha,
+            "level": c.level,
             "n_baseline": c.n_baseline,
             "n_candidate": c.n_candidate,
             "opened_at": rfc3339(self.opened_ms),
@@ -142,23 +210,32 @@ class Deploy:
     previous: str
     at_ms: int
     baseline: tuple[int, ...]
+    """The previous version's sums over ``baseline_ms`` before the switch."""
+    daily: bool = False
+    """The previous version served a whole day before the switch: the deploy comparison
+    then uses its same hours one day earlier."""
+
+
+class Family(NamedTuple):
+    """A family of sequential tests sharing one error rate (Bonferroni over its members)."""
+
+    kind: ComparisonKind
+    baseline: str
+    """The ``baseline`` label of its tests."""
+    alpha: float
+    slices: int
+    """How many slices share the family (each with every watched metric)."""
+    start_ms: int
+    """When this run of the tests began (the deploy, or the drift period)."""
 
 
 class Plan(NamedTuple):
-    """One test to make at a boundary, before the family's correction."""
+    """One look of one test to make at a boundary."""
 
     slice: SliceKey
     metric: MetricKey
-    kind: ComparisonKind
-    baseline: str
+    family: Family
+    members: int
+    """How many tests share the family's alpha."""
     base: Moments
     candidate: Moments
-
-
-class Side(NamedTuple):
-    """The sums of one comparison of a slice: what it is against, and both sides."""
-
-    kind: ComparisonKind
-    label: str
-    base: Sums
-    candidate: Sums

@@ -287,8 +287,22 @@ class PipelineCollector(Collector):
         )
         p_value = GaugeMetricFamily(
             "retrieval_regression_p_value",
-            f"One-sided Welch p-value of the latest test, Holm-adjusted. {GLOBAL}",
+            "Always-valid p-value of the sequential test (the smallest so far of its run, "
+            f"adjusted over its family): valid however often it is read. {GLOBAL}",
             labels=labels,
+        )
+        e_value = GaugeMetricFamily(
+            "retrieval_regression_e_value",
+            "E-value (mixture likelihood ratio) of the latest look of the sequential test; "
+            f"it opens at members / alpha of its family. {GLOBAL}",
+            labels=labels,
+        )
+        info = GaugeMetricFamily(
+            "retrieval_regression_info",
+            "1 for the test behind each regression series: kind deploy (against the previous "
+            "version's past), canary (against it over the same span) or drift (against the "
+            f"same hours the day before). {GLOBAL}",
+            labels=[*labels, "kind"],
         )
         # the global view speaks once it has a boundary, on every replica alike; a local
         # one (a single process's own windows) only while it owns partitions
@@ -300,7 +314,9 @@ class PipelineCollector(Collector):
             flag.add_metric(values, 1.0 if is_open else 0.0)
             delta.add_metric(values, comparison.delta)
             p_value.add_metric(values, comparison.p_value)
-        yield from (flag, delta, p_value)
+            e_value.add_metric(values, comparison.e_value)
+            info.add_metric([*values, str(comparison.kind)], 1.0)
+        yield from (flag, delta, p_value, e_value, info)
 
 
 def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[str, str]) -> Metric:

@@ -61,7 +61,9 @@ class RegressionView(BaseModel):
     metric: str
     baseline: str
     kind: str
-    """``deploy`` (against the previous version) or ``drift`` (the same version before)."""
+    """The test: ``deploy`` (against the previous version's past), ``canary`` (against the
+    previous version over the same span, while both serve) or ``drift`` (against the same
+    hours of the day before). A ``labelled_share`` metric: fewer queries got any label."""
     opened_at: str
     evidence_end: str
     baseline_mean: float
@@ -69,8 +71,15 @@ class RegressionView(BaseModel):
     delta: float
     ci_low: float
     ci_high: float
+    """The confidence sequence of the delta at the test's level (valid at every look)."""
     p_value: float
-    """One-sided, Holm-adjusted (latest test)."""
+    """Always valid, adjusted over the test's family (latest look)."""
+    e_value: float
+    """The mixture likelihood ratio of the latest look; it opened at ``1 / level``."""
+    alpha: float
+    """The error rate of the test's family: the deploy's, or the drift period's budget."""
+    level: float
+    """This test's share of it (Bonferroni over the family's slices and metrics)."""
     n_baseline: int
     n_candidate: int
 
@@ -105,9 +114,12 @@ def _regression(regression: Regression) -> RegressionView:
         baseline_mean=latest.baseline_mean,
         candidate_mean=latest.candidate_mean,
         delta=latest.delta,
-        ci_low=latest.ci[0],
-        ci_high=latest.ci[1],
+        ci_low=latest.ci_low,
+        ci_high=latest.ci_high,
         p_value=latest.p_value,
+        e_value=latest.e_value,
+        alpha=latest.family_alpha,
+        level=latest.level,
         n_baseline=latest.n_baseline,
         n_candidate=latest.n_candidate,
     )

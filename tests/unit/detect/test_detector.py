@@ -1,4 +1,8 @@
-"""The regression detector on hand-built closed windows (no pipeline, no clock)."""
+"""The regression detector on hand-built closed windows (no pipeline, no clock).
+
+Each comparison is a sequential test (mixture SPRT) looked at every boundary; the
+guarantee itself is tested on many null streams in ``tests/unit/metrics/test_sequential.py``.
+"""
 
 from __future__ import annotations
 
@@ -10,33 +14,50 @@ import pytest
 
 from service.detect.compare import compare_metrics
 from service.detect.detector import Detector
-from service.detect.model import DetectorConfig
+from service.detect.model import LABELLED_SHARE, DetectorConfig
 from service.metrics.aggregates import aggregate
-from service.metrics.stats import holm_adjust, t_sf, welch_test
+from service.metrics.sequential import log_mixture_ratio
+from service.metrics.stats import t_sf, welch_test
 from service.stream.windows import ClosedWindow
 
 W = 300_000
 H = 3_600_000
+D = 24 * H
 T0 = 1_796_083_200_000  # 2026-12-01T00:00:00Z, a multiple of the window
 CONFIG = DetectorConfig(metrics=("recall@5",), window_ms=W, attribution_ms=30 * 60_000)
 
 
 def window(
-    retriever: str, start: int, rng: np.random.Generator, p: float, n: int, segment: str = "kb"
+    retriever: str,
+    start: int,
+    rng: np.random.Generator,
+    p: float,
+    n: int,
+    segment: str = "kb",
+    find: float = 1.0,
 ) -> ClosedWindow:
-    """A closed window of n labelled queries whose recall@5 is 1 with probability p."""
-    values = (rng.random(n) < p).astype(np.float64)
+    """A closed window of n finalised queries, each labelled with probability ``find``,
+    whose recall@5 (over the labelled ones) is 1 with probability p."""
+    labelled = int((rng.random(n) < find).sum()) if find < 1.0 else n
+    values = (rng.random(labelled) < p).astype(np.float64)
     return ClosedWindow(
-        retriever, segment, 0, start, start + W, n, n, aggregate({"recall@5": values})
+        retriever, segment, 0, start, start + W, n, labelled, aggregate({"recall@5": values})
     )
 
 
 def traffic(
-    retriever: str, start: int, hours: float, p: float, per_window: int, seed: int, **kw: str
+    retriever: str,
+    start: int,
+    hours: float,
+    p: float,
+    per_window: int,
+    seed: int,
+    segment: str = "kb",
+    find: float = 1.0,
 ) -> list[ClosedWindow]:
     rng = np.random.default_rng(seed)
     n = round(hours * H / W)
-    return [window(retriever, start + i * W, rng, p, per_window, **kw) for i in range(n)]
+    return [window(retriever, start + i * W, rng, p, per_window, segment, find) for i in range(n)]
 
 
 def run(windows: list[ClosedWindow], config: DetectorConfig = CONFIG) -> Detector:
@@ -96,8 +117,16 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert r.opening.delta == pytest.approx(r.opening.candidate_mean - r.opening.baseline_mean)
     assert -0.25 < r.opening.delta < -0.05
     assert r.opening.p_value < CONFIG.alpha
+    # one family per deploy: both watched metrics (recall@5, the labelled share)
+    assert r.opening.level == pytest.approx(CONFIG.alpha / 2)
+    assert r.opening.e_value >= 1 / r.opening.level
+    low, high = r.opening.ci
+    assert low < r.opening.delta < high < 0  # the confidence sequence excludes no change
     record = r.to_record()
     assert set(record) >= {"retriever", "segment", "metric", "baseline", "delta", "p_value"}
+    assert record["kind"] == "deploy"
+    assert record["e_value"] == pytest.approx(r.opening.e_value)
+    assert record["alpha"] == CONFIG.alpha
     assert record["opened_at"].endswith("Z")
     assert ("v8", "kb", "recall@5", "v7") in detector.open
 
@@ -121,7 +150,7 @@ def test_low_volume_is_never_compared() -> None:
 
 def test_a_significant_but_tiny_drop_is_not_a_regression() -> None:
     deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.900, 4000, seed=1) + traffic("v8", deploy, 3, 0.895, 4000, 2)
+    windows = traffic("v7", T0, 6, 0.900, 4000, seed=1) + traffic("v8", deploy, 3, 0.888, 4000, 2)
     detector = run(windows)
     deploy_tests = [c for c in detector.latest.values() if c.kind == "deploy"]
     assert deploy_tests
@@ -158,8 +187,8 @@ def test_results_do_not_depend_on_batching_or_order() -> None:
 def test_versions_present_from_the_start_are_not_a_deploy() -> None:
     windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", T0 + W, 6, 0.6, 40, seed=2)
     detector = run(windows)
-    assert all(c.kind == "drift" for c in detector.latest.values())
-    assert not [r for r in detector.opened if r.opening.kind == "deploy"]
+    assert not detector.latest  # no deploy, and no day of history for drift yet
+    assert not detector.opened
 
 
 def test_hysteresis_keeps_it_open_then_closes_it() -> None:
@@ -183,48 +212,216 @@ def test_hysteresis_keeps_it_open_then_closes_it() -> None:
     assert len(detector.opened) == 1
 
 
+def _cycled(
+    retriever: str,
+    start: int,
+    hours: int,
+    seed: int,
+    drop: float = 0.0,
+    drop_from: int | None = None,
+) -> list[ClosedWindow]:
+    """A version with a daily cycle in quality (0.75 at night to 0.91 in the afternoon)
+    and in volume (20 to 60 labelled queries per window); ``drop`` lower from
+    ``drop_from`` on (from the start when None)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(hours * 12):
+        start_i = start + i * W
+        phase = math.sin(2 * math.pi * ((start_i % D) / D - 0.375))
+        lower = drop if drop_from is None or start_i >= drop_from else 0.0
+        out.append(
+            window(retriever, start_i, rng, 0.83 + 0.08 * phase - lower, round(40 + 20 * phase))
+        )
+    return out
+
+
+def test_a_deploy_after_a_day_of_history_is_compared_with_the_same_hours() -> None:
+    """A no-change deploy at night: against the previous version's whole day it would look
+    like a drop of several points; against the same hours the day before it is none."""
+    switch = T0 + 26 * H  # 02:00 on the second day
+    windows = _cycled("v7", T0, 26, seed=1) + _cycled("v8", switch, 8, seed=2)
+    detector = run(windows)
+    c = detector.latest["v8", "kb", "recall@5", "v7"]
+    assert c.kind == "deploy"
+    same_hours = [
+        w for w in windows if w.retriever == "v7" and T0 + 2 * H <= w.start_ms < T0 + 10 * H
+    ]
+    assert c.n_baseline == sum(w.labelled for w in same_hours)
+    assert not detector.opened
+    whole_day = [w for w in windows if w.retriever == "v7" and w.start_ms >= switch - D]
+    day_mean = sum(w.metrics["recall@5"].sum for w in whole_day) / sum(
+        w.metrics["recall@5"].count for w in whole_day
+    )
+    assert day_mean - c.candidate_mean > 0.04  # what a whole-day baseline would have called a drop
+
+
+def test_a_bad_deploy_at_night_is_still_found_against_the_same_hours() -> None:
+    switch = T0 + 26 * H
+    windows = _cycled("v7", T0, 26, seed=1) + _cycled("v8", switch, 8, seed=2, drop=0.12)
+    detector = run(windows)
+    opened = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert opened
+    assert opened[0].opening.kind == "deploy"
+
+
+# -- canaries --------------------------------------------------------------------------
+
+
+def test_a_canary_is_compared_with_the_old_version_over_the_same_span() -> None:
+    """v8 serves 20% beside v7: the comparison is concurrent (same hours, same traffic
+    mix), against v7 since the switch, not against v7's past."""
+    switch = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 50, seed=1)
+    windows += traffic("v7", switch, 4, 0.85, 40, seed=2)  # 80% of the traffic
+    windows += traffic("v8", switch, 4, 0.70, 10, seed=3)  # the canary, 20%
+    detector = run(windows)
+    key = ("v8", "kb", "recall@5", "v7")
+    c = detector.latest[key]
+    assert c.kind == "canary"
+    assert c.n_baseline == 4 * 12 * 40  # v7 over the same four hours, nothing before
+    assert c.n_candidate == 4 * 12 * 10
+    assert c.family_alpha == CONFIG.alpha / 2  # half the deploy's alpha: a second phase may come
+    opened = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert [r.opening.kind for r in opened] == ["canary"]
+
+
+def test_a_rollout_in_the_middle_of_a_window_is_not_a_canary() -> None:
+    """The switch's own window holds queries of both versions; that is not the old version
+    serving beside the new one, so the comparison is a deploy's from the first look."""
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 40, seed=1)
+    windows += traffic("v7", deploy, 1 / 12, 0.85, 15, seed=2)  # 15 queries before the switch
+    windows += traffic("v8", deploy, 2, 0.85, 40, seed=3)
+    detector = Detector(CONFIG)
+    detector.add(windows)
+    detector.advance(deploy + 30 * 60_000)
+    c = detector.latest["v8", "kb", "recall@5", "v7"]
+    assert c.kind == "deploy"
+    assert c.family_alpha == CONFIG.alpha  # no canary phase: the deploy keeps all of alpha
+
+
+def test_a_promoted_canary_keeps_one_comparison() -> None:
+    switch = T0 + 6 * H
+    promoted = switch + 3 * H
+    windows = traffic("v7", T0, 6, 0.85, 50, seed=1)
+    windows += traffic("v7", switch, 3, 0.85, 40, seed=2)
+    windows += traffic("v8", switch, 3, 0.70, 10, seed=3)
+    windows += traffic("v8", promoted, 4, 0.70, 50, seed=4)  # now all the traffic
+    detector = run(windows)
+    key = ("v8", "kb", "recall@5", "v7")
+    c = detector.latest[key]
+    assert c.kind == "deploy"  # v7 no longer serves: against its past and its canary share
+    assert c.n_baseline == 72 * 50 + 36 * 40
+    assert c.family_alpha == CONFIG.alpha / 2
+    v8 = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert len(v8) == 1  # one regression for the key, opened by the canary phase
+    assert v8[0].opening.kind == "canary"
+    assert key in detector.open
+
+
+# -- the labelled share ----------------------------------------------------------------
+
+
+def test_a_drop_in_find_rate_alone_opens_on_the_labelled_share() -> None:
+    """The new version finds the answer less often: its misses leave no label, so recall
+    over the labelled queries does not move, but the labelled share falls."""
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 60, seed=1, find=0.66)
+    windows += traffic("v8", deploy, 4, 0.85, 60, seed=2, find=0.56)
+    detector = run(windows)
+    opened = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert [r.opening.metric for r in opened] == [LABELLED_SHARE]
+    r = opened[0].opening
+    assert r.baseline_mean == pytest.approx(0.66, abs=0.02)
+    assert r.n_baseline == 72 * 60  # every finalised query, labelled or not
+    assert ("v8", "kb", "recall@5", "v7") in detector.latest  # tested, not regressed
+
+
+def test_the_labelled_share_can_be_left_out() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 60, seed=1, find=0.66)
+    windows += traffic("v8", deploy, 4, 0.85, 60, seed=2, find=0.56)
+    detector = run(windows, replace(CONFIG, labelled_share=False))
+    assert not detector.opened
+
+
 # -- drift ---------------------------------------------------------------------------------
 
 
-def test_drift_of_the_same_version_opens_against_its_own_past() -> None:
-    windows = traffic("v7", T0, 10, 0.85, 40, seed=1) + traffic("v7", T0 + 10 * H, 2, 0.65, 40, 2)
-    detector = run(windows)
+def test_a_daily_cycle_is_not_drift() -> None:
+    """Same hours one day earlier: the cycle cancels. Against the previous 24 h (today's
+    rule before this detector) the afternoon-to-night swing alone is a 0.08 drop."""
+    detector = run(_cycled("v7", T0, 72, seed=1))
+    drift = [c for c in detector.latest.values() if c.kind == "drift"]
+    assert drift  # tested
+    assert all(c.baseline == "previous_day" for c in drift)
+    assert not detector.opened
+
+
+def test_drift_opens_against_the_same_hours_of_the_day_before() -> None:
+    drop = T0 + 50 * H
+    detector = run(_cycled("v7", T0, 56, seed=2, drop=0.10, drop_from=drop))
     assert [(r.opening.kind, r.opening.baseline) for r in detector.opened] == [
-        ("drift", "previous_24h")
+        ("drift", "previous_day")
     ]
-    assert detector.opened[0].evidence_end_ms > T0 + 10 * H
+    r = detector.opened[0]
+    assert drop < r.evidence_end_ms <= drop + 6 * H  # night-time volume: about 300 an hour
+    assert r.opening.family_alpha == pytest.approx(CONFIG.drift_budget * 6 / (30 * 24))
+
+
+def test_drift_needs_a_day_of_history() -> None:
+    detector = run(_cycled("v7", T0, 20, seed=3, drop=0.10, drop_from=T0 + 10 * H))
+    assert not detector.opened
+    assert not detector.latest
 
 
 # -- multiple testing ----------------------------------------------------------------------
 
 
-def test_holm_corrects_within_each_family() -> None:
-    base = traffic("v7", T0, 4, 0.85, 40, seed=1)
-    bump = traffic("v7", T0 + 4 * H, 1, 0.80, 40, seed=2)
-    others = [
-        w for s in range(9) for w in traffic("v7", T0, 5, 0.85, 40, seed=10 + s, segment=f"seg{s}")
+def test_the_drift_budget_is_split_over_the_slices_of_a_period() -> None:
+    segments = [f"seg{s}" for s in range(4)]
+    windows = [
+        w
+        for i, seg in enumerate(segments)
+        for w in traffic("v7", T0, 40, 0.85, 20, seed=10 + i, segment=seg)
     ]
-    one = run(base + bump)
-    many = run(base + bump + others)
-    key = ("v7", "kb", "recall@5", "previous_24h")
-    raw = one.latest[key].p_raw
-    assert one.latest[key].p_value == pytest.approx(raw)  # a family of one
-    assert many.latest[key].p_raw == pytest.approx(raw)
-    drift = [c for c in many.latest.values() if c.kind == "drift"]
-    assert len(drift) == 10
-    expected = holm_adjust([c.p_raw for c in drift])
-    assert [c.p_value for c in drift] == pytest.approx(expected)
-    assert many.latest[key].p_value > raw
-
-
-def test_deploy_and_drift_are_separate_families() -> None:
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 8, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.85, 40, seed=2)
     detector = run(windows)
-    for kind in ("deploy", "drift"):
-        family = [c for c in detector.latest.values() if c.kind == kind]
-        assert family
-        assert [c.p_value for c in family] == pytest.approx(holm_adjust([c.p_raw for c in family]))
+    drift = [c for c in detector.latest.values() if c.kind == "drift"]
+    assert {c.segment for c in drift} == set(segments)
+    members = len(segments) * 2  # recall@5 and the labelled share of every segment
+    for c in drift:
+        assert c.level == pytest.approx(CONFIG.drift_alpha / members)
+        assert c.p_value >= min(1.0, members * math.exp(-c.log_e)) - 1e-12
+
+
+def test_the_p_value_is_the_smallest_so_far_and_family_adjusted() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 3, 0.83, 40, seed=2)
+    detector = Detector(CONFIG)
+    detector.add(windows)
+    key = ("v8", "kb", "recall@5", "v7")
+    smallest = 1.0
+    for boundary in range(deploy + W, deploy + 3 * H + 1, W):
+        detector.advance(boundary)
+        c = detector.latest.get(key)
+        if c is None:
+            continue
+        v = c.ci_high - c.delta  # the radius; recompute the look from its parts
+        assert v > 0
+        smallest = min(smallest, math.exp(-c.log_e))
+        assert c.p_value == pytest.approx(min(1.0, 2 * smallest))
+    assert smallest < 1.0
+
+
+def test_the_e_value_is_the_mixture_ratio_of_the_sides() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.80, 40, seed=2)
+    detector = run(windows)
+    c = detector.latest["v8", "kb", "recall@5", "v7"]
+    pb, pc = c.baseline_mean, c.candidate_mean
+    nb, nc = c.n_baseline, c.n_candidate
+    v = pb * (1 - pb) * nb / (nb - 1) / nb + pc * (1 - pc) * nc / (nc - 1) / nc
+    assert c.log_e == pytest.approx(log_mixture_ratio(pc - pb, v, CONFIG.tau), rel=1e-9)
 
 
 # -- partitions, repeats and gaps ----------------------------------------------------------
@@ -287,3 +484,7 @@ def test_config_is_validated() -> None:
         DetectorConfig(candidate_ms=H + 1)
     with pytest.raises(ValueError, match="alpha"):
         DetectorConfig(alpha=0.0)
+    with pytest.raises(ValueError, match="drift_budget"):
+        DetectorConfig(drift_budget=0.0)
+    with pytest.raises(ValueError, match="at most a day"):
+        DetectorConfig(drift_period_ms=2 * D)
