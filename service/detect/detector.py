@@ -204,14 +204,22 @@ class Detector:
         self, key: SliceKey, series: SliceHistory, deploy: Deploy, boundary: int
     ) -> list[Plan]:
         """The canary comparison while the previous version serves beside the new one, the
-        deploy comparison once it does not."""
+        deploy comparison once it does not; nothing once the new version itself stopped
+        serving (a rollback: its regression closes after ``close_after_ms``)."""
         cfg = self.config
+        recent_from = boundary - cfg.candidate_ms
+        if not any(series.total(recent_from, boundary)[0::3]):
+            return []
+        # both sides end where the new version's evidence ends: its last closed window (not
+        # a later one already known, so that catching up equals stepping through)
+        end = series.starts[bisect.bisect_left(series.starts, boundary) - 1] + cfg.window_ms
         previous = self._series.get((deploy.previous, key[1]))
-        candidate = series.total(deploy.at_ms, boundary)
-        since: Sums = previous.total(deploy.at_ms, boundary) if previous else [0] * series.width
-        # after the switch's own window (which holds both versions' queries of a full rollout)
-        recent = max(deploy.at_ms + cfg.window_ms, boundary - cfg.candidate_ms)
-        serving = previous is not None and any(previous.total(recent, boundary)[0::3])
+        candidate = series.total(deploy.at_ms, end)
+        since: Sums = previous.total(deploy.at_ms, end) if previous else [0] * series.width
+        # beside the new one: in its last hour of evidence, after the switch's own window
+        # (which holds both versions' queries of a full rollout)
+        recent = max(deploy.at_ms + cfg.window_ms, end - cfg.candidate_ms)
+        serving = previous is not None and any(previous.total(recent, end)[0::3])
         canaried = key in self._canaried
         if serving:
             self._canaried.add(key)
@@ -220,7 +228,7 @@ class Detector:
         if deploy.daily and previous is not None:
             # the previous version over the same hours one day earlier: a daily cycle of
             # traffic and quality cancels (the full day before would not match the hours)
-            base: Sums = previous.total(deploy.at_ms - DAY_MS, boundary - DAY_MS)
+            base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
         else:  # less than a day of its history: its last hours, and whatever it served since
             base = [a + b for a, b in zip(deploy.baseline, since, strict=True)]
         alpha = cfg.alpha / 2 if canaried else cfg.alpha

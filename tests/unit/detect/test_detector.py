@@ -319,6 +319,22 @@ def test_a_promoted_canary_keeps_one_comparison() -> None:
     assert key in detector.open
 
 
+def test_a_rolled_back_version_stops_being_compared_and_its_regression_closes() -> None:
+    """After a rollback the new version's evidence ends; the previous version's same hours
+    are not compared with it beyond that, and once it has served nothing for an hour it is
+    not tested at all, so its regression closes after the hysteresis."""
+    switch = T0 + 26 * H
+    back = switch + 2 * H
+    windows = _cycled("v7", T0, 26, seed=1) + _cycled("v8", switch, 2, seed=2, drop=0.3)
+    windows += _cycled("v7", back, 6, seed=3)
+    detector = run(windows)
+    v8 = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert v8
+    assert all(r.evidence_end_ms <= back for r in v8)
+    assert all(r.closed_ms is not None for r in v8)
+    assert not [k for k in detector.open if k[0] == "v8"]
+
+
 # -- the labelled share ----------------------------------------------------------------
 
 
