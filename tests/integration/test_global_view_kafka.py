@@ -75,6 +75,26 @@ def _agreed(replicas: list[ServiceProcess]) -> dict[str, dict[str, Any]] | None:
     return None
 
 
+def _complete(r: ServiceProcess, end_ms: int) -> bool:
+    """The replica's detector has evaluated past ``end_ms``."""
+    through = _get(r, "/api/v1/regressions")["evaluated_through"]
+    return through is not None and (parse_aware_ms(through) or 0) >= end_ms
+
+
+def _agreed_past(replicas: list[ServiceProcess], end_ms: int) -> dict[str, dict[str, Any]]:
+    """Wait until every replica's view is evaluated past ``end_ms`` and all give the same
+    answers (within a minute of that); return them."""
+    for r in replicas:
+        r.wait_until(lambda r=r: _complete(r, end_ms), 300, "the global view past the data")
+    deadline = time.monotonic() + 60
+    agreed = _agreed(replicas)
+    while agreed is None and time.monotonic() < deadline:
+        time.sleep(1)
+        agreed = _agreed(replicas)
+    assert agreed is not None, [_answers(r) for r in replicas]
+    return agreed
+
+
 def check_against_offline_and_replay(
     agreed: dict[str, dict[str, Any]], events: list[SimEvent], tmp_path: Path
 ) -> None:
@@ -172,18 +192,7 @@ def test_every_replica_gives_the_same_global_answers(
     for r in replicas:
         r.wait_ready()
 
-    def complete(r: ServiceProcess) -> bool:
-        through = _get(r, "/api/v1/regressions")["evaluated_through"]
-        return through is not None and (parse_aware_ms(through) or 0) >= end_ms
-
-    for r in replicas:
-        r.wait_until(lambda r=r: complete(r), 300, "the global view past the data")
-    deadline = time.monotonic() + 60
-    agreed = _agreed(replicas)
-    while agreed is None and time.monotonic() < deadline:
-        time.sleep(1)
-        agreed = _agreed(replicas)
-    assert agreed is not None, [_answers(r) for r in replicas]
+    agreed = _agreed_past(replicas, end_ms)
 
     # every replica published: each owns some of the partitions
     for r in replicas:
@@ -208,7 +217,7 @@ def test_every_replica_gives_the_same_global_answers(
     c = ServiceProcess(topics, tmp_path / "c.log", transactional_id="g-c")
     started = time.monotonic()
     c.wait_ready()
-    c.wait_until(lambda: complete(c), 300, "the new replica to catch up")
+    c.wait_until(lambda: _complete(c, end_ms), 300, "the new replica to catch up")
     caught_up_s = time.monotonic() - started
     replicas.append(c)
     deadline = time.monotonic() + 60
@@ -253,19 +262,9 @@ def test_a_replica_killed_mid_stream_changes_no_answer(topics: Topics, tmp_path:
     b = ServiceProcess(topics, tmp_path / "b2.log", transactional_id="k-b", **settings)
     replicas = [a, b]
 
-    def complete(r: ServiceProcess) -> bool:
-        status, body = r.get("/api/v1/regressions")
-        through = json.loads(body)["evaluated_through"] if status == 200 else None
-        return through is not None and (parse_aware_ms(through) or 0) >= end_ms
-
     for r in replicas:
-        r.wait_until(lambda r=r: complete(r), 300, "the global view past the data")
-    deadline = time.monotonic() + 60
-    agreed = _agreed(replicas)
-    while agreed is None and time.monotonic() < deadline:
-        time.sleep(1)
-        agreed = _agreed(replicas)
-    assert agreed is not None, [_answers(r) for r in replicas]
+        r.wait_ready()
+    agreed = _agreed_past(replicas, end_ms)
     check_against_offline_and_replay(agreed, events, tmp_path)
     print(f"\nkill -9 of B after it read {read:.0f} of {len(events)} events: both agree")
     for r in replicas:
