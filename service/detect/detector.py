@@ -23,8 +23,11 @@ among all finalised queries).
   deploy. While the previous version still serves beside it (a *canary*), the two are
   compared over the same span since the switch: the same traffic mix, hours and label
   maturity. Once it no longer serves (a full rollout, or a promoted canary), the new
-  version is compared with the previous one's last ``baseline_ms`` before the switch
-  plus whatever it served after. Both phases share one regression key, so a promoted
+  version is compared with the previous one over the same hours one day earlier (with
+  less than a day of its history: its last ``baseline_ms`` before the switch plus
+  whatever it served after). Both sides end at the new version's last closed window, and
+  a version that served nothing for ``candidate_ms`` (rolled back) is no longer tested.
+  Both phases share one regression key, so a promoted
   canary keeps one comparison; when there was a canary phase, each phase spends half of
   ``alpha`` (a union bound keeps the deploy's total at ``alpha``).
 * **drift**: outside deploys, a false-alarm budget for the whole deployment
@@ -161,8 +164,8 @@ class Detector:
     def _evaluate(self, boundary: int) -> list[Regression]:
         cfg = self.config
         planned: list[Plan] = []
-        drift_family = self._drift_family(boundary)
-        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
+        period = cfg.drift_period_start(boundary)
+        drift_family = self._drift_family(period)
         for key, series in self._series.items():
             deploy = self._deploy(key, series, boundary)
             if deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms:
@@ -279,11 +282,10 @@ class Detector:
             regressed=r.log_e >= -math.log(level) and -r.delta >= cfg.min_effect,
         )
 
-    def _drift_family(self, boundary: int) -> frozenset[SliceKey]:
-        """The slices drift-tested in the period of ``boundary``: those with
-        ``min_labelled`` values the day before the period began (fixed for the period)."""
+    def _drift_family(self, period: int) -> frozenset[SliceKey]:
+        """The slices drift-tested in the period starting at ``period``: those with
+        ``min_labelled`` values the day before it began (fixed for the period)."""
         cfg = self.config
-        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
         if self._period != period:
             self._period = period
             self._family = frozenset(
@@ -341,7 +343,7 @@ class Detector:
                 self._deploys.pop(key, None)
                 self._canaried.discard(key)
         # runs still going: this drift period's, and deploys still watched
-        period = (boundary - 1) // cfg.drift_period_ms * cfg.drift_period_ms
+        period = cfg.drift_period_start(boundary)
         self._running = {
             k: p
             for k, p in self._running.items()

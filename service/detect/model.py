@@ -109,6 +109,10 @@ class DetectorConfig:
         """One drift period's share of the budget, for all slices and metrics together."""
         return self.drift_budget * self.drift_period_ms / THIRTY_DAYS_MS
 
+    def drift_period_start(self, boundary_ms: int) -> int:
+        """Start of the drift period whose windows end at ``boundary_ms`` (epoch-aligned)."""
+        return (boundary_ms - 1) // self.drift_period_ms * self.drift_period_ms
+
     @property
     def reach_ms(self) -> int:
         """How far back the detector reads windows."""
