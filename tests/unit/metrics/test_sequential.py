@@ -106,6 +106,7 @@ def test_never_rejecting_a_null_stream_holds_over_every_look(kind: str, tau: flo
     ever = (log_mixture_ratio(delta, v, tau) >= math.log(1 / ALPHA)).any(axis=1).mean()
     # the per-look test on the same streams and looks: z = delta / sqrt(v) beyond 1.96
     per_look = (np.abs(delta / np.sqrt(v)) >= 1.959964).any(axis=1).mean()
+    print(f"\n{kind}, tau {tau}: ever rejected {ever:.3f} (per-look test {per_look:.3f})")
     assert ever <= ALPHA, f"{ever:.3f} of {STREAMS} null streams ever rejected"
     assert per_look > 5 * ALPHA, f"the per-look test rejected only {per_look:.3f}"
 
@@ -124,6 +125,7 @@ def test_a_frozen_baseline_keeps_the_guarantee(tau: float) -> None:
     v = vb / nb + moments_variance(n, sum_c, sq_c) / n
     delta = sum_c / n - mb
     ever = (log_mixture_ratio(delta, v, tau) >= math.log(1 / ALPHA)).any(axis=1).mean()
+    print(f"\nfrozen baseline, tau {tau}: ever rejected {ever:.3f}")
     assert ever <= ALPHA, f"{ever:.3f} of {STREAMS} null streams ever rejected"
 
 
