@@ -116,7 +116,7 @@ class Settings(BaseSettings):
     regression_min_labelled: int = Field(200, ge=2)
     regression_min_effect: float = Field(0.02, ge=0.0, lt=1.0)
     regression_alpha: float = Field(0.01, gt=0.0, lt=1.0)
-    regression_tau: float = Field(0.03, gt=0.0, lt=1.0)
+    regression_tau: float = Field(0.05, gt=0.0, lt=1.0)
     regression_drift_budget: float = Field(0.5, gt=0.0, le=100.0)
     regression_drift_period: PositiveDuration = "6h"  # type: ignore[assignment]
     regression_close_after: PositiveDuration = "1h"  # type: ignore[assignment]

@@ -29,7 +29,13 @@ among all finalised queries).
   a version that served nothing for ``candidate_ms`` (rolled back) is no longer tested.
   Both phases share one regression key, so a promoted
   canary keeps one comparison; when there was a canary phase, each phase spends half of
-  ``alpha`` (a union bound keeps the deploy's total at ``alpha``).
+  the family's alpha (a union bound keeps its total).
+* **pooled deploy**: a version deployed to several segments is also tested once over all
+  of them (segment ``*``), a stratified difference (each segment's difference weighted
+  by its share of the new version's values) with twice or more the evidence of any one
+  segment. Each segment's family and the pooled family get ``alpha / 2``: a deploy to
+  ``k`` segments that changes nothing opens a regression with probability at most
+  ``(k + 1) * alpha / 2``.
 * **drift**: outside deploys, a false-alarm budget for the whole deployment
   (``drift_budget`` per 30 days) is spent in epoch-aligned periods of
   ``drift_period_ms``: in each, a slice's windows since the period start are compared
@@ -45,7 +51,6 @@ A regression closes once it has not been significant (or not testable) for
 from __future__ import annotations
 
 import bisect
-import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,6 +58,7 @@ from dataclasses import dataclass, field
 from service.detect.history import SliceHistory
 from service.detect.model import (
     DRIFT_LABEL,
+    POOLED_SEGMENT,
     BoundaryTest,
     ComparisonKind,
     Deploy,
@@ -63,19 +69,15 @@ from service.detect.model import (
     RegressionKey,
     Sums,
 )
+from service.detect.plans import Comparison, look, pooled_plans, slice_plans
 from service.metrics.aggregates import SCALE, Moments
 from service.metrics.ir import MetricKey
-from service.metrics.sequential import msprt, running_p
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
 
 DEPLOY = ComparisonKind.DEPLOY
 CANARY = ComparisonKind.CANARY
 DRIFT = ComparisonKind.DRIFT
-
-
-def _moments(flat: Sums, index: int) -> Moments:
-    return Moments(flat[3 * index], flat[3 * index + 1], flat[3 * index + 2])
 
 
 @dataclass(slots=True)
@@ -163,19 +165,7 @@ class Detector:
 
     def _evaluate(self, boundary: int) -> list[Regression]:
         cfg = self.config
-        planned: list[Plan] = []
-        period = cfg.drift_period_start(boundary)
-        drift_family = self._drift_family(period)
-        for key, series in self._series.items():
-            deploy = self._deploy(key, series, boundary)
-            if deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms:
-                planned += self._plan_deploy(key, series, deploy, boundary)
-            if key in drift_family:
-                base = series.total(period - DAY_MS, boundary - DAY_MS)
-                candidate = series.total(period, boundary)
-                family = Family(DRIFT, DRIFT_LABEL, cfg.drift_alpha, len(drift_family), period)
-                planned += self._plans(key, family, base, candidate)
-        results = [self._look(plan) for plan in planned]
+        results = [self._look(plan) for plan in self._plan(boundary)]
         self.latest = {c.key: c for c in results}
         opened: list[Regression] = []
         for c in results:
@@ -203,16 +193,41 @@ class Detector:
                 del self.open[open_key]
         return opened
 
+    def _plan(self, boundary: int) -> list[Plan]:
+        """Every look to make at this boundary: deploys, pooled deploys, drift."""
+        cfg = self.config
+        planned: list[Plan] = []
+        period = cfg.drift_period_start(boundary)
+        drift_family = self._drift_family(period)
+        pooled: dict[tuple[str, str], list[Comparison]] = {}
+        for key, series in self._series.items():
+            deploy = self._deploy(key, series, boundary)
+            if deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms:
+                comparison = self._plan_deploy(key, series, deploy, boundary)
+                if comparison is not None:
+                    planned += slice_plans(key, comparison, self._watched, cfg.min_labelled)
+                    pooled.setdefault((key[0], deploy.previous), []).append(comparison)
+            if key in drift_family:
+                base = series.total(period - DAY_MS, boundary - DAY_MS)
+                candidate = series.total(period, boundary)
+                family = Family(DRIFT, DRIFT_LABEL, cfg.drift_alpha, len(drift_family), period)
+                drift = (family, base, candidate)
+                planned += slice_plans(key, drift, self._watched, cfg.min_labelled)
+        for (retriever, previous), group in pooled.items():
+            if len(group) > 1:
+                planned += self._pooled_plans(retriever, previous, group)
+        return planned
+
     def _plan_deploy(
         self, key: SliceKey, series: SliceHistory, deploy: Deploy, boundary: int
-    ) -> list[Plan]:
+    ) -> Comparison | None:
         """The canary comparison while the previous version serves beside the new one, the
         deploy comparison once it does not; nothing once the new version itself stopped
         serving (a rollback: its regression closes after ``close_after_ms``)."""
         cfg = self.config
         recent_from = boundary - cfg.candidate_ms
         if not any(series.total(recent_from, boundary)[0::3]):
-            return []
+            return None
         # both sides end where the new version's evidence ends: its last closed window (not
         # a later one already known, so that catching up equals stepping through)
         end = series.starts[bisect.bisect_left(series.starts, boundary) - 1] + cfg.window_ms
@@ -226,61 +241,42 @@ class Detector:
         canaried = key in self._canaried
         if serving:
             self._canaried.add(key)
-            family = Family(CANARY, deploy.previous, cfg.alpha / 2, 1, deploy.at_ms)
-            return self._plans(key, family, since, candidate)
+            family = Family(CANARY, deploy.previous, cfg.alpha / 4, 1, deploy.at_ms)
+            return family, since, candidate
         if deploy.daily and previous is not None:
             # the previous version over the same hours one day earlier: a daily cycle of
             # traffic and quality cancels (the full day before would not match the hours)
             base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
         else:  # less than a day of its history: its last hours, and whatever it served since
             base = [a + b for a, b in zip(deploy.baseline, since, strict=True)]
-        alpha = cfg.alpha / 2 if canaried else cfg.alpha
+        alpha = cfg.alpha / 4 if canaried else cfg.alpha / 2
         family = Family(DEPLOY, deploy.previous, alpha, 1, deploy.at_ms)
-        return self._plans(key, family, base, candidate)
+        return family, base, candidate
 
-    def _plans(self, key: SliceKey, family: Family, base: Sums, candidate: Sums) -> list[Plan]:
-        """One look per watched metric with enough values on both sides; the family's
-        members are every metric of every slice in it, tested now or not."""
-        members = family.slices * len(self._watched)
-        out = []
-        for index, metric in enumerate(self._watched):
-            b, c = _moments(base, index), _moments(candidate, index)
-            if min(b.count, c.count) >= self.config.min_labelled:
-                out.append(Plan(key, metric, family, members, b, c))
-        return out
+    def _pooled_plans(self, retriever: str, previous: str, group: list[Comparison]) -> list[Plan]:
+        """The deploy of ``retriever`` over every segment it replaced ``previous`` in, as
+        one stratified test per metric (segment ``*``): its own ``alpha / 2``, halved
+        per phase like a segment's once any segment had a canary."""
+        canary = any(family.kind == CANARY for family, _, _ in group)
+        if canary:
+            self._canaried.add((retriever, POOLED_SEGMENT))
+        alpha = self.config.alpha / (4 if (retriever, POOLED_SEGMENT) in self._canaried else 2)
+        start = min(
+            d.at_ms
+            for (r, _), d in self._deploys.items()
+            if r == retriever and d is not None and d.previous == previous
+        )
+        family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
+        return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
 
     def _look(self, plan: Plan) -> BoundaryTest:
-        cfg = self.config
-        key, metric, family, members, base, cand = plan
-        level = family.alpha / members
-        r = msprt(
-            (base.mean or 0.0, base.variance or 0.0, base.count),
-            (cand.mean or 0.0, cand.variance or 0.0, cand.count),
-            tau=cfg.tau,
-            alpha=level,
-        )
+        key, metric, family, _, _ = plan
         run_key = (*key, metric, family.kind, family.start_ms)
-        smallest = running_p(self._running.get(run_key), r)
-        self._running[run_key] = smallest
-        return BoundaryTest(
-            retriever=key[0],
-            segment=key[1],
-            metric=metric,
-            baseline=family.baseline,
-            kind=family.kind,
-            baseline_mean=base.mean or 0.0,
-            candidate_mean=cand.mean or 0.0,
-            n_baseline=base.count,
-            n_candidate=cand.count,
-            delta=r.delta,
-            ci_low=r.ci[0],
-            ci_high=r.ci[1],
-            log_e=r.log_e,
-            level=level,
-            family_alpha=family.alpha,
-            p_value=min(1.0, smallest * members),
-            regressed=r.log_e >= -math.log(level) and -r.delta >= cfg.min_effect,
+        test, smallest = look(
+            plan, self.config.tau, self.config.min_effect, self._running.get(run_key)
         )
+        self._running[run_key] = smallest
+        return test
 
     def _drift_family(self, period: int) -> frozenset[SliceKey]:
         """The slices drift-tested in the period starting at ``period``: those with
@@ -342,6 +338,8 @@ class Detector:
                 del self._series[key]
                 self._deploys.pop(key, None)
                 self._canaried.discard(key)
+        deployed = {retriever for retriever, _ in self._deploys}
+        self._canaried = {k for k in self._canaried if k[0] in deployed}
         # runs still going: this drift period's, and deploys still watched
         period = cfg.drift_period_start(boundary)
         self._running = {

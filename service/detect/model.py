@@ -63,7 +63,7 @@ class DetectorConfig:
     alpha: float = 0.01
     """Per deploy of a version in a segment: the probability that a deploy which changes
     nothing ever opens a regression during its whole watch (all metrics together)."""
-    tau: float = 0.03
+    tau: float = 0.05
     """Scale of the mixture over effects: drops near it are found fastest."""
     drift_budget: float = 0.5
     """Expected false drift alarms per 30 days for the whole deployment (all slices and
@@ -124,6 +124,9 @@ class DetectorConfig:
 
 
 DRIFT_LABEL = "previous_day"
+POOLED_SEGMENT = "*"
+"""The ``segment`` label of a deploy or canary comparison pooled over every segment the
+new version was deployed to (a deploy to one segment has none)."""
 """The ``baseline`` label of drift comparisons."""
 
 
@@ -233,6 +236,10 @@ class Family(NamedTuple):
     """When this run of the tests began (the deploy, or the drift period)."""
 
 
+Stratum = tuple[Moments, Moments]
+"""One segment's (baseline, candidate) sums of one metric."""
+
+
 class Plan(NamedTuple):
     """One look of one test to make at a boundary."""
 
@@ -241,5 +248,6 @@ class Plan(NamedTuple):
     family: Family
     members: int
     """How many tests share the family's alpha."""
-    base: Moments
-    candidate: Moments
+    strata: tuple[Stratum, ...]
+    """One (baseline, candidate) per segment: one for a slice, several for a version's
+    deploy pooled over its segments."""

@@ -106,13 +106,36 @@ def msprt(
     alpha: float,
 ) -> SequentialResult:
     """One look at (mean, variance, n) of both sides; ``alpha`` sets the interval's level."""
-    (mean_b, var_b, n_b), (mean_c, var_c, n_c) = baseline, candidate
-    if n_b < 2 or n_c < 2:
-        raise ValueError("the sequential test needs at least 2 values on each side")
+    return msprt_strata([(baseline, candidate)], tau, alpha)
+
+
+def msprt_strata(
+    strata: list[tuple[tuple[float, float, int], tuple[float, float, int]]],
+    tau: float,
+    alpha: float,
+) -> SequentialResult:
+    """One look at a difference pooled over strata (segments), each a pair of
+    (mean, variance, n) for baseline and candidate, as in :func:`msprt`.
+
+    The estimate is the stratified one, ``d = sum_s w_s (mean_c,s - mean_b,s)`` with
+    ``w_s`` the stratum's share of the candidate's values, so a baseline whose mix of
+    strata differs from the candidate's (one segment busier at other hours, a canary at
+    a different share) biases nothing; ``V = sum_s w_s^2 V_s``.
+    """
+    if not strata:
+        raise ValueError("the pooled test needs at least one stratum")
+    total = sum(c[2] for _, c in strata)
+    delta = 0.0
+    v = 0.0
+    for (mean_b, var_b, n_b), (mean_c, var_c, n_c) in strata:
+        if n_b < 2 or n_c < 2:
+            raise ValueError("the sequential test needs at least 2 values on each side")
+        w = n_c / total
+        delta += w * (mean_c - mean_b)
+        v += w * w * (var_b / n_b + var_c / n_c)
     if tau <= 0:
         raise ValueError(f"tau must be positive, got {tau!r}")
-    delta = mean_c - mean_b
-    v = max(VARIANCE_FLOOR, var_b / n_b + var_c / n_c)
+    v = max(VARIANCE_FLOOR, v)
     return SequentialResult(
         delta=delta,
         variance=v,

@@ -130,10 +130,13 @@ def _events(sim: SimulationConfig) -> Iterator[tuple[bool, int, QueryEvent | Fee
             yield False, e.arrival_ms, FeedbackEvent.model_validate(e.event)
 
 
-def run_one(kind: str, seed: int, queries_per_hour: float) -> RunResult:
+def run_one(kind: str, seed: int, queries_per_hour: float, tau: float | None) -> RunResult:
     sim = simulation(kind, seed, queries_per_hour)
     now = [sim.start_ms]
-    monitor = Monitor(MonitorConfig(), lambda: now[0])
+    config = MonitorConfig()
+    if tau is not None:
+        config = replace(config, detector=replace(config.detector, tau=tau))
+    monitor = Monitor(config, lambda: now[0])
     pipeline = monitor.pipeline
     pipeline.assign(0)
     windows: list[ClosedWindow] = []
@@ -243,6 +246,7 @@ def main() -> int:
     parser.add_argument("--queries-per-hour", type=float, default=1500.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated drop kinds")
+    parser.add_argument("--tau", type=float, help="the detector's tau (default: its default)")
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     started = time.perf_counter()
@@ -255,6 +259,7 @@ def main() -> int:
                 [k for k, _ in jobs],
                 [s for _, s in jobs],
                 [args.queries_per_hour] * len(jobs),
+                [args.tau] * len(jobs),
             )
         )
     elapsed = time.perf_counter() - started

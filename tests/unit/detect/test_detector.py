@@ -14,8 +14,8 @@ import pytest
 
 from service.detect.compare import compare_metrics
 from service.detect.detector import Detector
-from service.detect.model import LABELLED_SHARE, DetectorConfig
-from service.metrics.aggregates import aggregate
+from service.detect.model import LABELLED_SHARE, POOLED_SEGMENT, DetectorConfig
+from service.metrics.aggregates import SCALE, aggregate
 from service.metrics.sequential import log_mixture_ratio
 from service.metrics.stats import t_sf, welch_test
 from service.stream.windows import ClosedWindow
@@ -117,8 +117,9 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert r.opening.delta == pytest.approx(r.opening.candidate_mean - r.opening.baseline_mean)
     assert -0.25 < r.opening.delta < -0.05
     assert r.opening.p_value < CONFIG.alpha
-    # one family per deploy: both watched metrics (recall@5, the labelled share)
-    assert r.opening.level == pytest.approx(CONFIG.alpha / 2)
+    # one family per deploy in a segment, with half of alpha (the other half is for the
+    # test pooled over segments): both watched metrics (recall@5, the labelled share)
+    assert r.opening.level == pytest.approx(CONFIG.alpha / 2 / 2)
     assert r.opening.e_value >= 1 / r.opening.level
     low, high = r.opening.ci
     assert low < r.opening.delta < high < 0  # the confidence sequence excludes no change
@@ -126,7 +127,7 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert set(record) >= {"retriever", "segment", "metric", "baseline", "delta", "p_value"}
     assert record["kind"] == "deploy"
     assert record["e_value"] == pytest.approx(r.opening.e_value)
-    assert record["alpha"] == CONFIG.alpha
+    assert record["alpha"] == CONFIG.alpha / 2
     assert record["opened_at"].endswith("Z")
     assert ("v8", "kb", "recall@5", "v7") in detector.open
 
@@ -280,7 +281,7 @@ def test_a_canary_is_compared_with_the_old_version_over_the_same_span() -> None:
     assert c.kind == "canary"
     assert c.n_baseline == 4 * 12 * 40  # v7 over the same four hours, nothing before
     assert c.n_candidate == 4 * 12 * 10
-    assert c.family_alpha == CONFIG.alpha / 2  # half the deploy's alpha: a second phase may come
+    assert c.family_alpha == CONFIG.alpha / 4  # half the segment's alpha: a second phase may come
     opened = [r for r in detector.opened if r.opening.retriever == "v8"]
     assert [r.opening.kind for r in opened] == ["canary"]
 
@@ -297,7 +298,7 @@ def test_a_rollout_in_the_middle_of_a_window_is_not_a_canary() -> None:
     detector.advance(deploy + 30 * 60_000)
     c = detector.latest["v8", "kb", "recall@5", "v7"]
     assert c.kind == "deploy"
-    assert c.family_alpha == CONFIG.alpha  # no canary phase: the deploy keeps all of alpha
+    assert c.family_alpha == CONFIG.alpha / 2  # no canary phase: the segment keeps its alpha
 
 
 def test_a_promoted_canary_keeps_one_comparison() -> None:
@@ -312,11 +313,68 @@ def test_a_promoted_canary_keeps_one_comparison() -> None:
     c = detector.latest[key]
     assert c.kind == "deploy"  # v7 no longer serves: against its past and its canary share
     assert c.n_baseline == 72 * 50 + 36 * 40
-    assert c.family_alpha == CONFIG.alpha / 2
+    assert c.family_alpha == CONFIG.alpha / 4
     v8 = [r for r in detector.opened if r.opening.retriever == "v8"]
     assert len(v8) == 1  # one regression for the key, opened by the canary phase
     assert v8[0].opening.kind == "canary"
     assert key in detector.open
+
+
+def test_a_deploy_to_several_segments_is_also_tested_pooled_over_them() -> None:
+    """v8 replaces v7 in two segments: besides each segment's test, one stratified test
+    over both (segment ``*``) has twice the evidence and opens first."""
+    deploy = T0 + 6 * H
+    windows: list[ClosedWindow] = []
+    for seed, segment in ((1, "kb"), (3, "docs")):
+        windows += traffic("v7", T0, 6, 0.85, 20, seed=seed, segment=segment)
+        windows += traffic("v8", deploy, 4, 0.76, 20, seed=seed + 1, segment=segment)
+    detector = run(windows)
+    first = {r.opening.segment: r for r in detector.opened if r.opening.metric == "recall@5"}
+    assert set(first) == {"kb", "docs", POOLED_SEGMENT}
+    pooled = first[POOLED_SEGMENT].opening
+    assert (pooled.kind, pooled.baseline) == ("deploy", "v7")
+    segments = [first["kb"].evidence_end_ms, first["docs"].evidence_end_ms]
+    assert first[POOLED_SEGMENT].evidence_end_ms < min(segments)
+    # its own half of the deploy's alpha, over the watched metrics
+    assert pooled.family_alpha == CONFIG.alpha / 2
+    assert pooled.level == pytest.approx(CONFIG.alpha / 2 / 2)
+    # both segments' values: as many as both segments' v8 windows up to its evidence end
+    n = sum(
+        w.metrics["recall@5"].count
+        for w in windows
+        if w.retriever == "v8" and w.end_ms <= first[POOLED_SEGMENT].evidence_end_ms
+    )
+    assert pooled.n_candidate == n
+
+
+def test_a_deploy_to_one_segment_has_no_pooled_test() -> None:
+    deploy = T0 + 6 * H
+    windows = traffic("v7", T0, 6, 0.85, 20, seed=1, segment="kb")
+    windows += traffic("v7", T0, 10, 0.85, 20, seed=2, segment="docs")
+    windows += traffic("v8", deploy, 4, 0.70, 20, seed=3, segment="kb")
+    detector = run(windows)
+    assert {k[1] for k in detector.latest} == {"kb"}
+    assert [r.opening.segment for r in detector.opened] == ["kb"]
+
+
+def test_the_pooled_test_weighs_each_segment_by_the_candidates_mix() -> None:
+    """kb's recall is 0.9 and docs' 0.5 under both versions, but v8 serves mostly docs:
+    the plain pooled means differ by 0.15, the stratified difference is about 0."""
+    deploy = T0 + 6 * H
+    windows: list[ClosedWindow] = []
+    for seed, segment, p, after in ((1, "kb", 0.9, 10), (3, "docs", 0.5, 70)):
+        windows += traffic("v7", T0, 6, p, 40, seed=seed, segment=segment)
+        windows += traffic("v8", deploy, 4, p, after, seed=seed + 1, segment=segment)
+    detector = run(windows)
+    c = detector.latest["v8", POOLED_SEGMENT, "recall@5", "v7"]
+    assert abs(c.delta) < 0.03
+    # the baseline is v7 reweighted to v8's mix (1/8 kb, 7/8 docs), not v7's plain mean
+    assert c.baseline_mean == pytest.approx(0.9 / 8 + 0.5 * 7 / 8, abs=0.02)
+    plain = sum(w.metrics["recall@5"].sum_fx for w in windows if w.retriever == "v7") / sum(
+        w.metrics["recall@5"].count for w in windows if w.retriever == "v7"
+    )
+    assert plain / SCALE == pytest.approx(0.7, abs=0.02)
+    assert not [r for r in detector.opened if r.opening.retriever == "v8"]
 
 
 def test_a_rolled_back_version_stops_being_compared_and_its_regression_closes() -> None:

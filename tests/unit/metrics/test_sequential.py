@@ -20,6 +20,7 @@ from service.metrics.sequential import (
     log_mixture_ratio,
     moments_variance,
     msprt,
+    msprt_strata,
     running_p,
 )
 
@@ -64,6 +65,25 @@ def test_one_look_from_moments() -> None:
     assert no_change.p_value == 1.0
     with pytest.raises(ValueError, match="at least 2"):
         msprt(base, (0.8, 0.1, 1), tau=0.02, alpha=ALPHA)
+
+
+def test_a_pooled_look_is_the_stratified_difference() -> None:
+    """Two segments: each one's difference weighted by its share of the candidate's
+    values; the variance adds the squared weights. One stratum is :func:`msprt`."""
+    kb = ((0.90, 0.09, 400), (0.86, 0.12, 100))
+    docs = ((0.50, 0.25, 400), (0.47, 0.25, 300))
+    r = msprt_strata([kb, docs], tau=0.05, alpha=ALPHA)
+    w_kb, w_docs = 100 / 400, 300 / 400
+    assert r.delta == pytest.approx(w_kb * -0.04 + w_docs * -0.03)
+    v = w_kb**2 * (0.09 / 400 + 0.12 / 100) + w_docs**2 * (0.25 / 400 + 0.25 / 300)
+    assert r.variance == pytest.approx(v)
+    assert r.log_e == pytest.approx(log_mixture_ratio(r.delta, v, 0.05))
+    plain = (0.86 * 100 + 0.47 * 300) / 400 - (0.90 * 400 + 0.50 * 400) / 800
+    assert plain == pytest.approx(-0.1325)  # what pooling the means would say
+    assert -0.04 < r.delta < -0.03
+    assert msprt_strata([kb], 0.05, ALPHA) == msprt(*kb, tau=0.05, alpha=ALPHA)
+    with pytest.raises(ValueError, match="at least one stratum"):
+        msprt_strata([], 0.05, ALPHA)
 
 
 def test_moments_variance_is_the_sample_variance() -> None:
