@@ -24,10 +24,11 @@ among all finalised queries).
   compared over the same span since the switch: the same traffic mix, hours and label
   maturity. Once it no longer serves (a full rollout, or a promoted canary), the new
   version is compared with the previous one over the same hours one day earlier (with
-  less than a day of its history: its last ``baseline_ms`` before the switch plus
-  whatever it served after). Both sides end at the new version's last closed window, and
-  a version that served nothing for ``candidate_ms`` (rolled back) is no longer tested.
-  Both phases share one regression key, so a promoted
+  less than a day of its history: as long a span just before the switch as the new
+  version has served, at least ``candidate_ms`` and at most ``baseline_ms``, plus
+  whatever the previous version served after). Both sides end at the new version's last
+  closed window, and a version that served nothing for ``candidate_ms`` (rolled back) is
+  no longer tested. Both phases share one regression key, so a promoted
   canary keeps one comparison; when there was a canary phase, each phase spends half of
   the family's alpha (a union bound keeps its total).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
@@ -247,8 +248,12 @@ class Detector:
             # the previous version over the same hours one day earlier: a daily cycle of
             # traffic and quality cancels (the full day before would not match the hours)
             base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
-        else:  # less than a day of its history: its last hours, and whatever it served since
-            base = [a + b for a, b in zip(deploy.baseline, since, strict=True)]
+        else:  # less than a day of its history: as long a span before the switch as after
+            span = min(cfg.baseline_ms, max(cfg.candidate_ms, end - deploy.at_ms))
+            before = previous.total(deploy.at_ms - span, deploy.at_ms) if previous else since
+            # (mirrored about the switch, a smooth daily cycle biases it far less than the
+            # whole of its last hours would; it cannot cancel it, see docs/detection.md)
+            base = [a + b for a, b in zip(before, since, strict=True)]
         alpha = cfg.alpha / 4 if canaried else cfg.alpha / 2
         family = Family(DEPLOY, deploy.previous, alpha, 1, deploy.at_ms)
         return family, base, candidate
@@ -325,7 +330,7 @@ class Detector:
             return None
         previous = self._series[best[1], key[1]]
         daily = previous.first_start_ms is not None and previous.first_start_ms <= at - DAY_MS
-        return Deploy(best[1], at, tuple(previous.total(at - cfg.baseline_ms, at)), daily)
+        return Deploy(best[1], at, daily)
 
     def _forget(self, boundary: int) -> None:
         cfg = self.config

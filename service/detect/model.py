@@ -54,7 +54,9 @@ class DetectorConfig:
     """Which version a new one replaces (the one with most labelled queries in this span
     before the switch), and whether it still serves beside it (any query in this span)."""
     baseline_ms: int = DAY_MS
-    """The previous version's span before a deploy that its candidate is compared with."""
+    """Without a day of the previous version's history, a deploy is compared with the
+    previous version over as long a span before the switch as the new version has served
+    since (at least ``candidate_ms``, at most this)."""
     deploy_watch_ms: int = DAY_MS
     """How long after a version first appears it is compared with the previous one."""
     min_labelled: int = 200
@@ -212,12 +214,10 @@ class Regression:
 
 @dataclass(frozen=True, slots=True)
 class Deploy:
-    """A retriever version that appeared in a segment, with its frozen baseline."""
+    """A retriever version that appeared in a segment."""
 
     previous: str
     at_ms: int
-    baseline: tuple[int, ...]
-    """The previous version's sums over ``baseline_ms`` before the switch."""
     daily: bool = False
     """The previous version served a whole day before the switch: the deploy comparison
     then uses its same hours one day earlier."""

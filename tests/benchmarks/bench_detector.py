@@ -29,8 +29,13 @@ opens at or after the deploy (of any version after the drift starts); the delay 
 ("the 1 h recall@5 of a slice is below T", with the same volume guard and label
 maturity) is tuned on the no-change runs to the detector's false-alarm count.
 
+With ``--short`` every run is 12 hours from any hour of the day with the event at hour 8
+and two segments (50/50): the previous version has no day of history, so a deploy is
+compared with its last hours, which the daily cycle biases; a no-change run counts as
+half a monitored day. The drift kind needs a day of history and finds nothing there.
+
 Run: ``python tests/benchmarks/bench_detector.py`` (``--runs 20``, ``--null-runs 60``
-by default; about 30 minutes on 2 cores). Prints a table; nothing is asserted.
+by default; about 25 minutes on 2 cores). Prints a table; nothing is asserted.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from tests.benchmarks.per_look_detector import per_look_alarms  # noqa: E402
 NEW = "hybrid-v8"
 STATIC_METRIC = "recall@5"
 SEGMENTS = (("support-kb", 0.5), ("docs", 0.3), ("billing", 0.2))
+SHORT_SEGMENTS = (("support-kb", 0.5), ("docs", 0.5))
 KINDS = (
     "drop",
     "canary 20%",
@@ -83,12 +89,20 @@ class RunResult:
     static_series: list[tuple[str, str, int, float]]
     """(retriever, segment, opened_ms, 1 h recall@5) wherever the volume guard is met."""
     labelled_per_hour: float
+    monitored_days: float
+    """The second day of a two-day run; half a day per 12-hour run (``--short``)."""
 
 
-def simulation(kind: str, seed: int, queries_per_hour: float) -> SimulationConfig:
+def simulation(
+    kind: str, seed: int, queries_per_hour: float, short: bool = False
+) -> SimulationConfig:
     rng = random.Random(seed)
     start = 1_796_083_200_000 + seed * 7 * DAY_MS
     event = start + DAY_MS + rng.randrange(0, 16 * 12) * 300_000
+    duration, segments = 2 * DAY_MS, SEGMENTS
+    if short:  # 12 h from any hour of the day, the event at hour 8, two segments
+        start += rng.randrange(0, 24) * HOUR_MS
+        event, duration, segments = start + 8 * HOUR_MS, 12 * HOUR_MS, SHORT_SEGMENTS
     shape = TrafficShape(volume_amplitude=0.5, quality_amplitude=0.04, peak_hour=15)
     after = replace(HYBRID_V7, name=NEW)
     drop, cited = 0.0, 1.0
@@ -109,9 +123,9 @@ def simulation(kind: str, seed: int, queries_per_hour: float) -> SimulationConfi
     return SimulationConfig(
         seed=seed,
         start_ms=start,
-        duration_ms=2 * DAY_MS,
+        duration_ms=duration,
         queries_per_hour=queries_per_hour,
-        segments=SEGMENTS,
+        segments=segments,
         before=HYBRID_V7,
         after=None if kind == "slow drift" else after,
         switch_at_ms=None if kind == "slow drift" else event,
@@ -130,8 +144,10 @@ def _events(sim: SimulationConfig) -> Iterator[tuple[bool, int, QueryEvent | Fee
             yield False, e.arrival_ms, FeedbackEvent.model_validate(e.event)
 
 
-def run_one(kind: str, seed: int, queries_per_hour: float, tau: float | None) -> RunResult:
-    sim = simulation(kind, seed, queries_per_hour)
+def run_one(
+    kind: str, seed: int, queries_per_hour: float, tau: float | None, short: bool
+) -> RunResult:
+    sim = simulation(kind, seed, queries_per_hour, short)
     now = [sim.start_ms]
     config = MonitorConfig()
     if tau is not None:
@@ -171,6 +187,7 @@ def run_one(kind: str, seed: int, queries_per_hour: float, tau: float | None) ->
         per_look=per_look,
         static_series=_static_series(windows, cfg.window_ms, cfg.attribution_ms),
         labelled_per_hour=sum(w.labelled for w in windows) / (sim.duration_ms / HOUR_MS),
+        monitored_days=0.5 if short else 1.0,
     )
 
 
@@ -247,6 +264,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated drop kinds")
     parser.add_argument("--tau", type=float, help="the detector's tau (default: its default)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="12-hour runs from any hour, the event at hour 8 (no day of history), 2 segments",
+    )
     args = parser.parse_args()
     kinds = [k for k in args.kinds.split(",") if k]
     started = time.perf_counter()
@@ -260,11 +282,12 @@ def main() -> int:
                 [s for _, s in jobs],
                 [args.queries_per_hour] * len(jobs),
                 [args.tau] * len(jobs),
+                [args.short] * len(jobs),
             )
         )
     elapsed = time.perf_counter() - started
     nulls = [r for r in results if r.kind in NULL_KINDS]
-    days = len(nulls)  # one monitored day per run
+    days = sum(r.monitored_days for r in nulls)
     det_false = sum(len(r.detector) for r in nulls)
     per_look_false = sum(len(r.per_look) for r in nulls)
     threshold = tune_threshold(nulls, det_false)
@@ -272,8 +295,9 @@ def main() -> int:
     per_30 = 30 / days if days else float("nan")
     labelled = statistics.mean(r.labelled_per_hour for r in results)
     print(
-        f"{len(results)} runs of 2 simulated days ({days} no-change days), 3 segments, daily "
-        f"cycles, {args.queries_per_hour:.0f} queries/h on average ({labelled:.0f} labelled/h), "
+        f"{len(results)} runs of {'12 simulated hours' if args.short else '2 simulated days'} "
+        f"({days:g} no-change days), {2 if args.short else 3} segments, daily cycles, "
+        f"{args.queries_per_hour:.0f} queries/h on average ({labelled:.0f} labelled/h), "
         f"in {elapsed:.0f} s"
     )
     print()
@@ -284,7 +308,7 @@ def main() -> int:
         ("per-look Welch detector (before)", per_look_false),
         (f"static threshold T = {threshold:.3f} (tuned on the no-change runs)", static_false),
     ):
-        print(f"| {rule} | {count} in {days} days | {count * per_30:.2f} |")
+        print(f"| {rule} | {count} in {days:g} days | {count * per_30:.2f} |")
     kinds_seen: dict[str, int] = {}
     for r in nulls:
         for *_, kind in r.detector:

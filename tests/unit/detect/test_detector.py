@@ -407,7 +407,10 @@ def test_a_drop_in_find_rate_alone_opens_on_the_labelled_share() -> None:
     assert [r.opening.metric for r in opened] == [LABELLED_SHARE]
     r = opened[0].opening
     assert r.baseline_mean == pytest.approx(0.66, abs=0.02)
-    assert r.n_baseline == 72 * 60  # every finalised query, labelled or not
+    # every finalised query, labelled or not, of v7's span before the switch as long as
+    # v8's since (at least an hour): no day of history
+    span = max(H, opened[0].evidence_end_ms - deploy)
+    assert r.n_baseline == span // W * 60
     assert ("v8", "kb", "recall@5", "v7") in detector.latest  # tested, not regressed
 
 
@@ -507,10 +510,11 @@ def test_partitions_add_up_and_a_repeated_window_counts_once() -> None:
     for partition, seed in ((0, 1), (1, 2)):
         for w in traffic("v7", T0, 6, 0.85, 20, seed) + traffic("v8", deploy, 1, 0.8, 20, seed):
             both.append(replace(w, partition=partition))
-    detector = run(both + both[:50])  # 50 windows delivered twice (at least once)
+    # v7's last hour of partition 0 and v8's first half hour delivered twice (at least once)
+    detector = run(both + both[60:72] + both[72:78])
     c = detector.latest["v8", "kb", "recall@5", "v7"]
     assert c.n_candidate == 2 * 12 * 20  # both partitions, one hour, no repeats
-    assert c.n_baseline == 2 * 72 * 20
+    assert c.n_baseline == 2 * 12 * 20  # the hour before the switch: as long as v8's
 
 
 def test_one_long_catch_up_equals_stepping_through() -> None:
