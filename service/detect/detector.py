@@ -251,6 +251,7 @@ class Detector:
         else:  # less than a day of its history: as long a span before the switch as after
             span = min(cfg.baseline_ms, max(cfg.candidate_ms, end - deploy.at_ms))
             before = previous.total(deploy.at_ms - span, deploy.at_ms) if previous else since
+            # (``since`` is all zeros when the previous version's windows are forgotten)
             # (mirrored about the switch, a smooth daily cycle biases it far less than the
             # whole of its last hours would; it cannot cancel it, see docs/detection.md)
             base = [a + b for a, b in zip(before, since, strict=True)]

@@ -63,8 +63,10 @@ class DetectorConfig:
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
     alpha: float = 0.01
-    """Per deploy of a version in a segment: the probability that a deploy which changes
-    nothing ever opens a regression during its whole watch (all metrics together)."""
+    """Per deploy of a version, half to each segment's comparison and half to the one
+    pooled over its segments: each half is the probability that a deploy which changes
+    nothing ever opens a regression in that comparison during its whole watch (all
+    metrics together)."""
     tau: float = 0.05
     """Scale of the mixture over effects: drops near it are found fastest."""
     drift_budget: float = 0.5
@@ -126,10 +128,10 @@ class DetectorConfig:
 
 
 DRIFT_LABEL = "previous_day"
+"""The ``baseline`` label of drift comparisons."""
 POOLED_SEGMENT = "*"
 """The ``segment`` label of a deploy or canary comparison pooled over every segment the
 new version was deployed to (a deploy to one segment has none)."""
-"""The ``baseline`` label of drift comparisons."""
 
 
 @dataclass(frozen=True, slots=True)
