@@ -7,12 +7,14 @@ depends only on the windows and not on how they were batched: ``run``, ``demo`` 
 ``replay`` open the same regressions for the same events. Windows still maturing are
 never compared.
 
-Every comparison is a mixture sequential probability ratio test
+Every comparison is a one-sided mixture sequential probability ratio test
 (:mod:`service.metrics.sequential`) of "candidate mean minus baseline mean", looked at
-every boundary; it opens a regression when its e-value reaches ``members / alpha`` of
-its family (Bonferroni over the family's tests), the drop is at least ``min_effect`` and
-both sides have ``min_labelled`` values. By Ville's inequality a family whose versions
-do not differ opens nothing, at any look, with probability at least ``1 - alpha``.
+every boundary. The e-values of a slice's metrics are closed over them (the smallest
+mean over any set of them containing the metric), and a regression opens when that
+reaches ``slices / alpha`` of its family (Bonferroni over the family's slices), the drop
+is at least ``min_effect`` and both sides have ``min_labelled`` values. By Ville's
+inequality a family whose versions do not differ opens nothing, at any look, with
+probability at least ``1 - alpha``.
 Metrics are the configured ones plus the labelled share (queries with a relevant label
 among all finalised queries).
 
@@ -70,12 +72,15 @@ from service.detect.model import (
     RegressionKey,
     Sums,
 )
-from service.detect.plans import Comparison, look, pooled_plans, slice_plans
+from service.detect.plans import Comparison, conclude, measure, pooled_plans, slice_plans
 from service.metrics.aggregates import SCALE, Moments
 from service.metrics.ir import MetricKey
+from service.metrics.sequential import closed_log_means
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
 
+RunKey = tuple[str, str, MetricKey, ComparisonKind, int]
+"""(retriever, segment, metric, kind, start): one run of one sequential test."""
 DEPLOY = ComparisonKind.DEPLOY
 CANARY = ComparisonKind.CANARY
 DRIFT = ComparisonKind.DRIFT
@@ -98,10 +103,11 @@ class Detector:
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
     _canaried: set[SliceKey] = field(default_factory=set)
     """New versions that served beside their previous one (a canary phase)."""
-    _running: dict[tuple[str, str, MetricKey, ComparisonKind, int], float] = field(
-        default_factory=dict
-    )
-    """The smallest 1 / e-value so far of each run of a sequential test."""
+    _running: dict[RunKey, float] = field(default_factory=dict)
+    """The smallest 1 / closed e-value so far of each run of a sequential test."""
+    _last_log_e: dict[RunKey, float] = field(default_factory=dict)
+    """The latest log e-value of each run (a metric not tested at a look keeps it: the
+    e-process stopped there)."""
     _period: int | None = None
     _family: frozenset[SliceKey] = frozenset()
     _watched: tuple[MetricKey, ...] = ()
@@ -166,7 +172,7 @@ class Detector:
 
     def _evaluate(self, boundary: int) -> list[Regression]:
         cfg = self.config
-        results = [self._look(plan) for plan in self._plan(boundary)]
+        results = self._look(self._plan(boundary))
         self.latest = {c.key: c for c in results}
         opened: list[Regression] = []
         for c in results:
@@ -275,14 +281,33 @@ class Detector:
         family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
         return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
 
-    def _look(self, plan: Plan) -> BoundaryTest:
-        key, metric, family, _, _ = plan
-        run_key = (*key, metric, family.kind, family.start_ms)
-        test, smallest = look(
-            plan, self.config.tau, self.config.min_effect, self._running.get(run_key)
-        )
-        self._running[run_key] = smallest
-        return test
+    def _look(self, plans: list[Plan]) -> list[BoundaryTest]:
+        """Measure every plan, close the e-values over each slice's metrics (a metric
+        not tested now counts with its run's latest e-value, or 1), conclude."""
+        measured = [measure(plan, self.config.tau) for plan in plans]
+        runs = [(*p.slice, p.metric, p.family.kind, p.family.start_ms) for p in plans]
+        for run, m in zip(runs, measured, strict=True):
+            self._last_log_e[run] = m.result.log_e_drop
+        groups: dict[tuple[SliceKey, Family], list[int]] = {}
+        for i, plan in enumerate(plans):
+            groups.setdefault((plan.slice, plan.family), []).append(i)
+        closed = [0.0] * len(plans)
+        for (key, family), members in groups.items():
+            logs = [
+                self._last_log_e.get((*key, metric, family.kind, family.start_ms), 0.0)
+                for metric in self._watched
+            ]
+            by_metric = dict(zip(self._watched, closed_log_means(logs), strict=True))
+            for i in members:
+                closed[i] = by_metric[plans[i].metric]
+        out = []
+        for plan, run, m, log_e in zip(plans, runs, measured, closed, strict=True):
+            test, smallest = conclude(
+                plan, m, log_e, self.config.min_effect, self._running.get(run)
+            )
+            self._running[run] = smallest
+            out.append(test)
+        return out
 
     def _drift_family(self, period: int) -> frozenset[SliceKey]:
         """The slices drift-tested in the period starting at ``period``: those with
@@ -346,14 +371,14 @@ class Detector:
                 self._canaried.discard(key)
         deployed = {retriever for retriever, _ in self._deploys}
         self._canaried = {k for k in self._canaried if k[0] in deployed}
-        # runs still going: this drift period's, and deploys still watched
-        period = cfg.drift_period_start(boundary)
-        self._running = {
-            k: p
-            for k, p in self._running.items()
-            if (k[3] == DRIFT and k[4] == period)
-            or (k[3] != DRIFT and boundary <= k[4] + cfg.deploy_watch_ms)
-        }
+        self._running = {k: p for k, p in self._running.items() if self._live(k, boundary)}
+        self._last_log_e = {k: e for k, e in self._last_log_e.items() if self._live(k, boundary)}
+
+    def _live(self, run: RunKey, boundary: int) -> bool:
+        """This drift period's runs, and deploys still watched."""
+        if run[3] == DRIFT:
+            return run[4] == self.config.drift_period_start(boundary)
+        return boundary <= run[4] + self.config.deploy_watch_ms
 
     # -- reading ----------------------------------------------------------------------------
 

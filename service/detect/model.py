@@ -154,15 +154,21 @@ class BoundaryTest:
     """The confidence sequence of the delta at the test's level: it covers the true
     difference at every look at once."""
     log_e: float
-    """log of the mixture likelihood ratio (the e-value) of this look."""
+    """log of this look's e-value: the one-sided mixture likelihood ratio (evidence of a
+    drop against "the candidate is not worse")."""
+    closed_log_e: float
+    """log of the e-value closed over the slice's metrics: the smallest mean of the
+    e-values of any set of them containing this one (it opens the regression)."""
     level: float
-    """The level of this one test (its family's alpha over its members)."""
+    """The level of this test: its family's alpha over the family's slices."""
     family_alpha: float
     """The family's error rate: a deploy's, or a drift period's share of the budget."""
     p_value: float
-    """Always valid: the family-adjusted smallest ``1 / e-value`` so far in this test."""
+    """Always valid: the smallest ``1 / closed e-value`` so far in this test's run, times
+    the family's slices (at most the family's alpha once it opened)."""
     regressed: bool
-    """The e-value is at least ``1 / level`` and the drop at least the minimum effect."""
+    """The closed e-value is at least ``1 / level`` and the drop at least the minimum
+    effect."""
 
     @property
     def key(self) -> RegressionKey:
@@ -175,6 +181,10 @@ class BoundaryTest:
     @property
     def e_value(self) -> float:
         return math.exp(min(self.log_e, 700.0))
+
+    @property
+    def closed_e_value(self) -> float:
+        return math.exp(min(self.closed_log_e, 700.0))
 
 
 @dataclass(slots=True)
@@ -205,6 +215,7 @@ class Regression:
             "ci_high": c.ci_high,
             "p_value": c.p_value,
             "e_value": c.e_value,
+            "closed_e_value": c.closed_e_value,
             "alpha": c.family_alpha,
             "level": c.level,
             "n_baseline": c.n_baseline,
@@ -226,7 +237,8 @@ class Deploy:
 
 
 class Family(NamedTuple):
-    """A family of sequential tests sharing one error rate (Bonferroni over its members)."""
+    """A family of sequential tests sharing one error rate: Bonferroni over its slices,
+    closed testing over each slice's metrics."""
 
     kind: ComparisonKind
     baseline: str
@@ -248,8 +260,6 @@ class Plan(NamedTuple):
     slice: SliceKey
     metric: MetricKey
     family: Family
-    members: int
-    """How many tests share the family's alpha."""
     strata: tuple[Stratum, ...]
     """One (baseline, candidate) per segment: one for a slice, several for a version's
     deploy pooled over its segments."""

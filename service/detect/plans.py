@@ -3,12 +3,15 @@
 A *plan* is one sequential test of one metric to look at: a slice's own comparison (one
 stratum), or a version's deploy pooled over the segments it replaced the previous
 version in (one stratum per segment, segment ``*``). :func:`look` runs the mixture SPRT
-on it (:func:`service.metrics.sequential.msprt_strata`) and says whether it regressed.
+on it (:func:`service.metrics.sequential.msprt_strata`, :func:`measure`); once the
+e-values of a slice's metrics are closed over them, :func:`conclude` says whether it
+regressed.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 from service.detect.model import (
     POOLED_SEGMENT,
@@ -19,7 +22,7 @@ from service.detect.model import (
 )
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
-from service.metrics.sequential import msprt_strata, running_p
+from service.metrics.sequential import SequentialResult, msprt_strata
 from service.stream.windows import SliceKey
 
 STRATUM_MIN = 30
@@ -40,15 +43,13 @@ def slice_plans(
     watched: tuple[MetricKey, ...],
     min_labelled: int,
 ) -> list[Plan]:
-    """One look per watched metric with enough values on both sides; the family's
-    members are every metric of every slice in it, tested now or not."""
+    """One look per watched metric with enough values on both sides."""
     family, base, candidate = comparison
-    members = family.slices * len(watched)
     out = []
     for index, metric in enumerate(watched):
         b, c = moments(base, index), moments(candidate, index)
         if min(b.count, c.count) >= min_labelled:
-            out.append(Plan(key, metric, family, members, ((b, c),)))
+            out.append(Plan(key, metric, family, ((b, c),)))
     return out
 
 
@@ -72,17 +73,24 @@ def pooled_plans(
             and sum(b.count for b, _ in strata) >= min_labelled
             and sum(c.count for _, c in strata) >= min_labelled
         ):
-            out.append(Plan(key, metric, family, len(watched), strata))
+            out.append(Plan(key, metric, family, strata))
     return out
 
 
-def look(
-    plan: Plan, tau: float, min_effect: float, smallest_p: float | None
-) -> tuple[BoundaryTest, float]:
-    """One look at a plan, and the run's smallest ``1 / e-value`` after it (the run's
-    previous one is ``smallest_p``)."""
-    key, metric, family, members, strata = plan
-    level = family.alpha / members
+class Measured(NamedTuple):
+    """One look's statistics, before the family's closed testing."""
+
+    result: SequentialResult
+    baseline_mean: float
+    candidate_mean: float
+    n_baseline: int
+    n_candidate: int
+
+
+def measure(plan: Plan, tau: float) -> Measured:
+    """Run the mixture SPRT on a plan (its confidence sequences at the test's level, the
+    family's alpha over its slices: the upper bound is below 0 once it opens)."""
+    family, strata = plan.family, plan.strata
     sides = [
         (
             (b.mean or 0.0, b.variance or 0.0, b.count),
@@ -90,30 +98,52 @@ def look(
         )
         for b, c in strata
     ]
-    r = msprt_strata(sides, tau=tau, alpha=level)
+    r = msprt_strata(sides, tau=tau, alpha=family.alpha / family.slices)
     n_candidate = sum(c.count for _, c in strata)
     # both means weighted by the candidate's mix of strata (one stratum: its own means)
     weights = [c[2] / n_candidate for _, c in sides]
     baseline_mean = sum(w * b[0] for w, (b, _) in zip(weights, sides, strict=True))
     candidate_mean = sum(w * c[0] for w, (_, c) in zip(weights, sides, strict=True))
-    smallest = running_p(smallest_p, r)
+    return Measured(r, baseline_mean, candidate_mean, sum(b.count for b, _ in strata), n_candidate)
+
+
+def conclude(
+    plan: Plan,
+    measured: Measured,
+    closed_log_e: float,
+    min_effect: float,
+    smallest_p: float | None,
+) -> tuple[BoundaryTest, float]:
+    """The test of a measured plan, given its e-value closed over its slice's metrics
+    (:func:`service.metrics.sequential.closed_log_means`), and the run's smallest
+    ``1 / closed e-value`` after it (the run's previous one is ``smallest_p``).
+
+    The slice's share of the family's alpha is the test's level: it regresses once the
+    closed e-value reaches ``1 / level`` and the drop is at least ``min_effect``.
+    """
+    key, metric, family = plan.slice, plan.metric, plan.family
+    level = family.alpha / family.slices
+    r = measured.result
+    p_now = math.exp(-closed_log_e) if closed_log_e > 0 else 1.0
+    smallest = p_now if smallest_p is None else min(smallest_p, p_now)
     test = BoundaryTest(
         retriever=key[0],
         segment=key[1],
         metric=metric,
         baseline=family.baseline,
         kind=family.kind,
-        baseline_mean=baseline_mean,
-        candidate_mean=candidate_mean,
-        n_baseline=sum(b.count for b, _ in strata),
-        n_candidate=n_candidate,
+        baseline_mean=measured.baseline_mean,
+        candidate_mean=measured.candidate_mean,
+        n_baseline=measured.n_baseline,
+        n_candidate=measured.n_candidate,
         delta=r.delta,
         ci_low=r.ci[0],
         ci_high=r.ci[1],
-        log_e=r.log_e,
+        log_e=r.log_e_drop,
+        closed_log_e=closed_log_e,
         level=level,
         family_alpha=family.alpha,
-        p_value=min(1.0, smallest * members),
-        regressed=r.log_e >= -math.log(level) and -r.delta >= min_effect,
+        p_value=min(1.0, smallest * family.slices),
+        regressed=closed_log_e >= -math.log(level) and -r.delta >= min_effect,
     )
     return test, smallest

@@ -293,8 +293,9 @@ class PipelineCollector(Collector):
         )
         e_value = GaugeMetricFamily(
             "retrieval_regression_e_value",
-            "E-value (mixture likelihood ratio) of the latest look of the sequential test; "
-            f"it opens at members / alpha of its family. {GLOBAL}",
+            "E-value of the latest look of the sequential test (the one-sided mixture "
+            "likelihood ratio of a drop); the regression opens when the e-value closed over "
+            f"the slice's metrics reaches slices / alpha of its family. {GLOBAL}",
             labels=labels,
         )
         info = GaugeMetricFamily(

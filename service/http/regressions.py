@@ -71,15 +71,19 @@ class RegressionView(BaseModel):
     delta: float
     ci_low: float
     ci_high: float
-    """The confidence sequence of the delta at the test's level (valid at every look)."""
+    """One-sided confidence sequences of the delta at the test's level (valid at every
+    look): ``ci_high`` bounds it from above, and is below 0 when the test opened."""
     p_value: float
     """Always valid, adjusted over the test's family (latest look)."""
     e_value: float
-    """The mixture likelihood ratio of the latest look; it opened at ``1 / level``."""
+    """The one-sided mixture likelihood ratio of a drop, latest look."""
+    closed_e_value: float
+    """The e-value closed over the slice's metrics (the smallest mean of the e-values of
+    any set of them containing this one); it opened at ``1 / level``."""
     alpha: float
     """The error rate of the test's family: the deploy's, or the drift period's budget."""
     level: float
-    """This test's share of it (Bonferroni over the family's slices and metrics)."""
+    """This test's share of it (Bonferroni over the family's slices)."""
     n_baseline: int
     n_candidate: int
 
@@ -118,6 +122,7 @@ def _regression(regression: Regression) -> RegressionView:
         ci_high=latest.ci_high,
         p_value=latest.p_value,
         e_value=latest.e_value,
+        closed_e_value=latest.closed_e_value,
         alpha=latest.family_alpha,
         level=latest.level,
         n_baseline=latest.n_baseline,

@@ -20,6 +20,16 @@ the mixture likelihood ratio
 ``Lambda < 1 / alpha`` over ``theta_0`` gives a confidence sequence: an interval that
 covers the true difference at every look at once with probability ``1 - alpha``.
 
+A regression is a *drop*, so the detector tests "the candidate is not worse"
+(``theta >= 0``) with the same mixture restricted to drops (``theta < 0``, its density
+doubled): ``Lambda_drop = 2 Lambda Phi(-d tau / sqrt(V (V + tau^2)))``, about twice
+``Lambda`` for a clear drop, never above 1 on average for no change or an improvement
+(each component's ratio has expectation ``exp(theta' theta / V) <= 1`` when
+``theta' < 0 <= theta``). Several metrics of one slice are combined by closed testing
+with the arithmetic mean of their e-values (:func:`closed_log_means`): correlated
+metrics that all drop lend each other evidence instead of each paying a Bonferroni
+share.
+
 ``tau`` sets which effects are found fastest; it is chosen near the smallest effect
 worth a page. Everything here works on numpy arrays as well as floats, so the tests
 and benchmarks evaluate thousands of streams at once.
@@ -49,6 +59,57 @@ def log_mixture_ratio(
     return 0.5 * np.log(v / (v + tau2)) + shift * shift * tau2 / (2.0 * v * (v + tau2))  # type: ignore[no-any-return]
 
 
+LN2 = math.log(2.0)
+
+
+def _log_phi(x: float) -> float:
+    """log of the standard normal distribution function, also far in the lower tail."""
+    if x > -30.0:
+        return math.log(0.5 * math.erfc(-x / math.sqrt(2.0)))
+    x2 = x * x  # Mills' ratio: Phi(x) ~ phi(x) / -x (1 - 1/x^2 + 3/x^4)
+    return (
+        -0.5 * x2 - math.log(-x) - 0.5 * math.log(2.0 * math.pi) + math.log1p(-1 / x2 + 3 / x2**2)
+    )
+
+
+_log_phi_array = np.vectorize(_log_phi, otypes=[float])
+
+
+def log_drop_ratio(delta: FloatOrArray, variance: FloatOrArray, tau: float) -> FloatOrArray:
+    """log Lambda_drop: the evidence that ``theta < 0`` against ``theta >= 0`` (the
+    half-normal mixture over drops, see the module)."""
+    tau2 = tau * tau
+    v = variance
+    z = delta * tau / np.sqrt(v * (v + tau2))
+    tail = _log_phi(-float(z)) if np.ndim(z) == 0 else _log_phi_array(-z)
+    return LN2 + log_mixture_ratio(delta, v, tau) + tail
+
+
+def closed_log_means(log_es: list[float]) -> list[float]:
+    """Closed testing of a family with the arithmetic mean of e-values: for each member
+    ``i``, the log of the smallest mean of the e-values of any set of members that
+    contains ``i`` (Vovk and Wang, "E-values: calibration, combination and
+    applications", Annals of Statistics 2021, the adjustment of their Algorithm 1).
+
+    Rejecting member ``i`` when that reaches ``1 / alpha`` controls the family-wise error
+    rate at ``alpha`` at every look at once: if any true null is rejected, the mean over
+    all true nulls, itself an e-process, has reached ``1 / alpha`` (Ville). The result
+    is never below the Bonferroni adjustment ``e_i / m`` and never above ``e_i``.
+    """
+    values = [math.exp(min(x, 600.0)) for x in log_es]
+    out = []
+    for i, own in enumerate(values):
+        others = sorted(v for j, v in enumerate(values) if j != i)
+        total, size = own, 1
+        for v in others:  # add the smallest while they lower the mean (it is unimodal)
+            if v * size >= total:
+                break
+            total += v
+            size += 1
+        out.append(math.log(total / size) if total > 0 else -math.inf)
+    return out
+
+
 def confidence_radius(variance: FloatOrArray, tau: float, alpha: float) -> FloatOrArray:
     """Half-width of the (1 - alpha) confidence sequence for the difference at this look:
     every ``theta_0`` within it of ``delta`` has ``Lambda < 1 / alpha``."""
@@ -56,6 +117,24 @@ def confidence_radius(variance: FloatOrArray, tau: float, alpha: float) -> Float
     v = variance
     inner = 2.0 * v * (v + tau2) / tau2 * (math.log(1.0 / alpha) + 0.5 * np.log((v + tau2) / v))
     return np.sqrt(inner)  # type: ignore[no-any-return]
+
+
+def drop_radius(variance: float, tau: float, alpha: float) -> float:
+    """Half-width ``r`` of the one-sided confidence sequences of the drop mixture: the
+    difference is at most ``delta + r`` (and, mirrored, at least ``delta - r``) at every
+    look at once with probability ``1 - alpha`` each. ``delta + r < 0`` exactly when
+    ``Lambda_drop >= 1 / alpha``, so a drop found at that level is excluded from zero.
+    Solved by bisection between 0 and the two-sided radius (``Lambda_drop >= Lambda``
+    for a drop)."""
+    target = math.log(1.0 / alpha)
+    low, high = 0.0, float(confidence_radius(variance, tau, alpha))
+    for _ in range(48):
+        mid = 0.5 * (low + high)
+        if float(log_drop_ratio(-mid, variance, tau)) >= target:
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def moments_variance(
@@ -77,8 +156,11 @@ class SequentialResult:
     """V, the variance of ``delta``."""
     log_e: float
     """log Lambda at ``theta_0 = 0``: the evidence against "no difference"."""
+    log_e_drop: float
+    """log Lambda_drop: the evidence of a drop, against "the candidate is not worse"."""
     radius: float
-    """Half-width of the confidence sequence at the level it was asked for."""
+    """Half-width of the one-sided confidence sequences at the level asked for
+    (:func:`drop_radius`): ``delta + radius`` bounds the difference from above."""
 
     @property
     def e_value(self) -> float:
@@ -140,7 +222,8 @@ def msprt_strata(
         delta=delta,
         variance=v,
         log_e=float(log_mixture_ratio(delta, v, tau)),
-        radius=float(confidence_radius(v, tau, alpha)),
+        log_e_drop=float(log_drop_ratio(delta, v, tau)),
+        radius=drop_radius(v, tau, alpha),
     )
 
 

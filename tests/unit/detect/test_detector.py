@@ -16,7 +16,7 @@ from service.detect.compare import compare_metrics
 from service.detect.detector import Detector
 from service.detect.model import LABELLED_SHARE, POOLED_SEGMENT, DetectorConfig
 from service.metrics.aggregates import SCALE, aggregate
-from service.metrics.sequential import log_mixture_ratio
+from service.metrics.sequential import log_drop_ratio
 from service.metrics.stats import t_sf, welch_test
 from service.stream.windows import ClosedWindow
 
@@ -118,9 +118,11 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert -0.25 < r.opening.delta < -0.05
     assert r.opening.p_value < CONFIG.alpha
     # one family per deploy in a segment, with half of alpha (the other half is for the
-    # test pooled over segments): both watched metrics (recall@5, the labelled share)
-    assert r.opening.level == pytest.approx(CONFIG.alpha / 2 / 2)
-    assert r.opening.e_value >= 1 / r.opening.level
+    # test pooled over segments); its metrics (recall@5, the labelled share) are closed
+    assert r.opening.level == pytest.approx(CONFIG.alpha / 2)
+    assert r.opening.closed_e_value >= 1 / r.opening.level
+    # closed over recall@5 and a labelled share that did not move: about their mean
+    assert r.opening.closed_e_value <= r.opening.e_value
     low, high = r.opening.ci
     assert low < r.opening.delta < high < 0  # the confidence sequence excludes no change
     record = r.to_record()
@@ -335,9 +337,9 @@ def test_a_deploy_to_several_segments_is_also_tested_pooled_over_them() -> None:
     assert (pooled.kind, pooled.baseline) == ("deploy", "v7")
     segments = [first["kb"].evidence_end_ms, first["docs"].evidence_end_ms]
     assert first[POOLED_SEGMENT].evidence_end_ms < min(segments)
-    # its own half of the deploy's alpha, over the watched metrics
+    # its own half of the deploy's alpha, closed over the watched metrics
     assert pooled.family_alpha == CONFIG.alpha / 2
-    assert pooled.level == pytest.approx(CONFIG.alpha / 2 / 2)
+    assert pooled.level == pytest.approx(CONFIG.alpha / 2)
     # both segments' values: as many as both segments' v8 windows up to its evidence end
     n = sum(
         w.metrics["recall@5"].count
@@ -465,10 +467,9 @@ def test_the_drift_budget_is_split_over_the_slices_of_a_period() -> None:
     detector = run(windows)
     drift = [c for c in detector.latest.values() if c.kind == "drift"]
     assert {c.segment for c in drift} == set(segments)
-    members = len(segments) * 2  # recall@5 and the labelled share of every segment
-    for c in drift:
-        assert c.level == pytest.approx(CONFIG.drift_alpha / members)
-        assert c.p_value >= min(1.0, members * math.exp(-c.log_e)) - 1e-12
+    for c in drift:  # Bonferroni over the slices, closed over each slice's two metrics
+        assert c.level == pytest.approx(CONFIG.drift_alpha / len(segments))
+        assert c.p_value >= min(1.0, len(segments) * math.exp(-c.closed_log_e)) - 1e-12
 
 
 def test_the_p_value_is_the_smallest_so_far_and_family_adjusted() -> None:
@@ -485,8 +486,8 @@ def test_the_p_value_is_the_smallest_so_far_and_family_adjusted() -> None:
             continue
         v = c.ci_high - c.delta  # the radius; recompute the look from its parts
         assert v > 0
-        smallest = min(smallest, math.exp(-c.log_e))
-        assert c.p_value == pytest.approx(min(1.0, 2 * smallest))
+        smallest = min(smallest, math.exp(-c.closed_log_e))
+        assert c.p_value == pytest.approx(min(1.0, smallest))  # one slice in its family
     assert smallest < 1.0
 
 
@@ -498,7 +499,11 @@ def test_the_e_value_is_the_mixture_ratio_of_the_sides() -> None:
     pb, pc = c.baseline_mean, c.candidate_mean
     nb, nc = c.n_baseline, c.n_candidate
     v = pb * (1 - pb) * nb / (nb - 1) / nb + pc * (1 - pc) * nc / (nc - 1) / nc
-    assert c.log_e == pytest.approx(log_mixture_ratio(pc - pb, v, CONFIG.tau), rel=1e-9)
+    assert c.log_e == pytest.approx(log_drop_ratio(pc - pb, v, CONFIG.tau), rel=1e-9)
+    # closed with the labelled share's e-value: the smaller of its own and their mean
+    share = detector.latest["v8", "kb", LABELLED_SHARE, "v7"]
+    mean = (math.exp(c.log_e) + math.exp(share.log_e)) / 2
+    assert c.closed_log_e == pytest.approx(math.log(min(math.exp(c.log_e), mean)), rel=1e-9)
 
 
 # -- partitions, repeats and gaps ----------------------------------------------------------

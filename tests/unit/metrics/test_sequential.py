@@ -16,7 +16,10 @@ import pytest
 from numpy.typing import NDArray
 
 from service.metrics.sequential import (
+    closed_log_means,
     confidence_radius,
+    drop_radius,
+    log_drop_ratio,
     log_mixture_ratio,
     moments_variance,
     msprt,
@@ -164,3 +167,138 @@ def test_a_real_drop_is_found() -> None:
     assert found.mean() >= 0.95
     first = np.argmax(reject, axis=1)[found]
     assert float(np.median(first + 1)) * STEP < 2000  # queries per side at detection
+
+
+# -- the one-sided test of a drop ----------------------------------------------------------
+
+
+def test_the_drop_ratio_is_the_half_normal_mixture() -> None:
+    """Lambda_drop integrates the normal likelihood ratio over drops (theta < 0) with the
+    N(0, tau^2) density doubled; checked by quadrature, for drops, rises and no change."""
+    v, tau = 4e-4, 0.05
+    theta = np.linspace(-12 * tau, 0.0, 200_001)
+    density = 2 * np.exp(-(theta**2) / (2 * tau**2)) / (tau * math.sqrt(2 * math.pi))
+    for d in (-0.08, -0.03, 0.0, 0.02, 0.09):
+        ratio = np.exp((theta * d - theta**2 / 2) / v)
+        f = ratio * density
+        quad = float(((f[1:] + f[:-1]) / 2 * np.diff(theta)).sum())
+        assert log_drop_ratio(d, v, tau) == pytest.approx(math.log(quad), rel=1e-6, abs=1e-6)
+    # about twice the two-sided ratio for a clear drop, the same at no change
+    assert log_drop_ratio(-0.08, v, tau) == pytest.approx(
+        log_mixture_ratio(-0.08, v, tau) + math.log(2), abs=1e-3
+    )
+    assert log_drop_ratio(0.0, v, tau) == pytest.approx(log_mixture_ratio(0.0, v, tau))
+    rises = [log_drop_ratio(d, v, tau) for d in (0.0, 0.05, 0.4, 3.0)]
+    assert rises == sorted(rises, reverse=True)  # a larger rise: less evidence of a drop
+    assert all(math.isfinite(x) for x in rises)  # far in the normal tail too
+
+
+def test_the_drop_radius_is_where_the_drop_ratio_reaches_one_over_alpha() -> None:
+    v, tau = 2.5e-4, 0.05
+    r = drop_radius(v, tau, ALPHA)
+    assert log_drop_ratio(-r, v, tau) == pytest.approx(math.log(1 / ALPHA), abs=1e-9)
+    assert 0 < r < confidence_radius(v, tau, ALPHA)  # one-sided: tighter
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.02])
+def test_the_drop_test_never_rejects_no_change_or_a_rise(shift: float) -> None:
+    """Under no change, or when the candidate is better, the one-sided e-process stays a
+    supermartingale: it ever reaches 1 / alpha in at most alpha of the streams."""
+    rng = np.random.default_rng(44)
+    shape = (STREAMS, LOOKS * STEP)
+    base = (rng.random(shape) < 0.7).astype(np.float64)
+    cand = (rng.random(shape) < 0.7 + shift).astype(np.float64)
+    n, sum_b, sq_b = _at_looks(base)
+    _, sum_c, sq_c = _at_looks(cand)
+    v = moments_variance(n, sum_b, sq_b) / n + moments_variance(n, sum_c, sq_c) / n
+    delta = sum_c / n - sum_b / n
+    drop = log_drop_ratio(delta, v, 0.05)
+    ever = (drop >= math.log(1 / ALPHA)).any(axis=1).mean()
+    two_sided = (log_mixture_ratio(delta, v, 0.05) >= math.log(1 / ALPHA)).any(axis=1).mean()
+    print(f"\nshift {shift}: drop test ever rejected {ever:.3f} (two-sided {two_sided:.3f})")
+    assert ever <= ALPHA
+    if shift:  # the two-sided test calls a rise a difference; the drop test never does
+        assert two_sided > 0.2
+        assert ever < 0.01
+
+
+# -- closed testing over a slice's metrics ---------------------------------------------------
+
+
+def test_closed_means_are_the_smallest_mean_over_every_set_containing_the_member() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        m = int(rng.integers(1, 7))
+        logs = list(rng.normal(0.0, 4.0, m))
+        got = closed_log_means(logs)
+        e = np.exp(logs)
+        for i in range(m):
+            others = [j for j in range(m) if j != i]
+            best = e[i]
+            for mask in range(1 << (m - 1)):
+                chosen = [e[others[b]] for b in range(m - 1) if mask >> b & 1]
+                best = min(best, (e[i] + sum(chosen)) / (1 + len(chosen)))
+            assert got[i] == pytest.approx(math.log(best), rel=1e-9, abs=1e-12)
+            assert logs[i] - math.log(m) - 1e-12 <= got[i] <= logs[i] + 1e-12
+
+
+def _ranks(rng: np.random.Generator, shape: tuple[int, int], find: float) -> NDArray[np.int64]:
+    """Rank of the first relevant result (11: none in the top 10), geometric-like."""
+    found = rng.random(shape) < find
+    return np.where(found, np.minimum(rng.geometric(0.45, shape), 10), 11)
+
+
+def _rank_metrics(ranks: NDArray[np.int64]) -> list[NDArray[np.float64]]:
+    """hit@1, hit@3, hit@5 and the reciprocal rank: four strongly correlated metrics."""
+    rr = np.where(ranks <= 10, 1.0 / ranks, 0.0)
+    return [(ranks <= k).astype(np.float64) for k in (1, 3, 5)] + [rr]
+
+
+def _first_rejection(
+    rng: np.random.Generator, find_c: float, closed: bool, streams: int
+) -> NDArray[np.int64]:
+    """Per stream, the first look at which any metric is rejected (-1: never), with the
+    four metrics' e-values closed (arithmetic mean) or Bonferroni at ALPHA."""
+    shape = (streams, LOOKS * STEP)
+    base = _rank_metrics(_ranks(rng, shape, 0.8))
+    cand = _rank_metrics(_ranks(rng, shape, find_c))
+    logs = []
+    for b, c in zip(base, cand, strict=True):
+        n, sum_b, sq_b = _at_looks(b)
+        _, sum_c, sq_c = _at_looks(c)
+        v = moments_variance(n, sum_b, sq_b) / n + moments_variance(n, sum_c, sq_c) / n
+        logs.append(log_drop_ratio(sum_c / n - sum_b / n, np.maximum(v, 1e-12), 0.05))
+    stacked = np.stack(logs, axis=-1)  # streams x looks x 4
+    first = np.full(streams, -1)
+    threshold = math.log(1 / ALPHA)
+    for s in range(streams):
+        for look in np.nonzero(stacked[s].max(axis=1) >= threshold - math.log(4) * (not closed))[0]:
+            row = list(stacked[s, look])
+            adjusted = closed_log_means(row) if closed else [x - math.log(4) for x in row]
+            if max(adjusted) >= threshold:
+                first[s] = look
+                break
+    return first
+
+
+def test_closing_correlated_metrics_keeps_the_family_wise_guarantee_and_finds_drops_sooner() -> (
+    None
+):
+    """Four correlated metrics of one slice: with no change, closed testing rejects some
+    metric in at most alpha of the streams at any look; on a drop it finds it sooner
+    than Bonferroni over the four, on the same streams."""
+    null = _first_rejection(np.random.default_rng(9), 0.8, closed=True, streams=1000)
+    ever = float((null >= 0).mean())
+    closed = _first_rejection(np.random.default_rng(10), 0.76, closed=True, streams=300)
+    bonferroni = _first_rejection(np.random.default_rng(10), 0.76, closed=False, streams=300)
+    found_closed, found_bonferroni = closed[closed >= 0], bonferroni[bonferroni >= 0]
+    print(
+        f"\nclosed testing: null ever rejected {ever:.3f}; a 4-point find-rate drop found in "
+        f"{len(found_closed)}/300 at look {np.median(found_closed) + 1:.0f} (median), "
+        f"Bonferroni {len(found_bonferroni)}/300 at look {np.median(found_bonferroni) + 1:.0f}"
+    )
+    assert ever <= ALPHA
+    assert len(found_closed) >= len(found_bonferroni)
+    both = (closed >= 0) & (bonferroni >= 0)
+    assert (closed[both] <= bonferroni[both]).all()  # never later on the same stream
+    assert np.median(closed[both]) < np.median(bonferroni[both])
