@@ -113,6 +113,7 @@ class Settings(BaseSettings):
     regression_candidate: PositiveDuration = "1h"  # type: ignore[assignment]
     regression_baseline: PositiveDuration = "24h"  # type: ignore[assignment]
     regression_deploy_watch: PositiveDuration = "24h"  # type: ignore[assignment]
+    regression_no_history_watch: PositiveDuration = "2h"  # type: ignore[assignment]
     regression_min_labelled: int = Field(200, ge=2)
     regression_min_effect: float = Field(0.02, ge=0.0, lt=1.0)
     regression_alpha: float = Field(0.01, gt=0.0, lt=1.0)

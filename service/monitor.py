@@ -64,6 +64,7 @@ class MonitorConfig:
             candidate_ms=whole_windows(settings.regression_candidate, window),
             baseline_ms=whole_windows(settings.regression_baseline, window),
             deploy_watch_ms=whole_windows(settings.regression_deploy_watch, window),
+            no_history_watch_ms=whole_windows(settings.regression_no_history_watch, window),
             min_labelled=settings.regression_min_labelled,
             min_effect=settings.regression_min_effect,
             alpha=settings.regression_alpha,

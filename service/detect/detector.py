@@ -28,7 +28,8 @@ among all finalised queries).
   version is compared with the previous one over the same hours one day earlier (with
   less than a day of its history: as long a span just before the switch as the new
   version has served, at least ``candidate_ms`` and at most ``baseline_ms``, plus
-  whatever the previous version served after). Both sides end at the new version's last
+  whatever the previous version served after, and only for ``no_history_watch_ms``
+  after the switch, since a daily cycle biases it more the longer it runs). Both sides end at the new version's last
   closed window, and a version that served nothing for ``candidate_ms`` (rolled back) is
   no longer tested. Both phases share one regression key, so a promoted
   canary keeps one comparison; when there was a canary phase, each phase spends half of
@@ -255,6 +256,8 @@ class Detector:
             # traffic and quality cancels (the full day before would not match the hours)
             base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
         else:  # less than a day of its history: as long a span before the switch as after
+            if end - deploy.at_ms > cfg.no_history_watch_ms:
+                return None  # (a daily cycle would bias it more and more: see the config)
             span = min(cfg.baseline_ms, max(cfg.candidate_ms, end - deploy.at_ms))
             before = previous.total(deploy.at_ms - span, deploy.at_ms) if previous else since
             # (``since`` is all zeros when the previous version's windows are forgotten)

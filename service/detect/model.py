@@ -59,6 +59,11 @@ class DetectorConfig:
     since (at least ``candidate_ms``, at most this)."""
     deploy_watch_ms: int = DAY_MS
     """How long after a version first appears it is compared with the previous one."""
+    no_history_watch_ms: int = 2 * HOUR_MS
+    """Without a day of the previous version's history, how long after the switch the
+    deploy comparison (with the hours just before it) runs: a daily cycle in quality
+    biases it by about twice the cycle's slope times half this span, so it stops while
+    that is small."""
     min_labelled: int = 200
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
@@ -82,6 +87,7 @@ class DetectorConfig:
             "candidate_ms",
             "baseline_ms",
             "deploy_watch_ms",
+            "no_history_watch_ms",
             "close_after_ms",
             "drift_period_ms",
         ):

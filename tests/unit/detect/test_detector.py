@@ -24,7 +24,13 @@ W = 300_000
 H = 3_600_000
 D = 24 * H
 T0 = 1_796_083_200_000  # 2026-12-01T00:00:00Z, a multiple of the window
-CONFIG = DetectorConfig(metrics=("recall@5",), window_ms=W, attribution_ms=30 * 60_000)
+CONFIG = DetectorConfig(
+    metrics=("recall@5",),
+    window_ms=W,
+    attribution_ms=30 * 60_000,
+    no_history_watch_ms=D,  # most tests here have hours of history, not a day
+)
+DEFAULT_NO_HISTORY_WATCH = DetectorConfig().no_history_watch_ms
 
 
 def window(
@@ -256,6 +262,31 @@ def test_a_deploy_after_a_day_of_history_is_compared_with_the_same_hours() -> No
         w.metrics["recall@5"].count for w in whole_day
     )
     assert day_mean - c.candidate_mean > 0.04  # what a whole-day baseline would have called a drop
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_without_history_a_deploy_is_compared_with_the_hours_before_only_briefly(
+    seed: int,
+) -> None:
+    """A no-change deploy at 22:00 with 9 hours of history, while quality falls for the
+    night: against the hours just before the switch the evening decline looks like a drop
+    that grows with the span. Watched for a day it opens (after about 3.5 hours); for the
+    default ``no_history_watch_ms`` (2 h) it does not, and is then no longer tested."""
+    switch = T0 + 22 * H
+    windows = _cycled("v7", switch - 9 * H, 9, seed=seed) + _cycled("v8", switch, 8, seed=seed + 10)
+    key = ("v8", "kb", "recall@5", "v7")
+    long_watch = Detector(CONFIG)  # watched for a day
+    long_watch.add(windows)
+    long_watch.advance(switch + 8 * H)
+    assert [r.opening.key for r in long_watch.opened] == [key]
+    assert long_watch.opened[0].evidence_end_ms > switch + DEFAULT_NO_HISTORY_WATCH
+    detector = Detector(replace(CONFIG, no_history_watch_ms=DEFAULT_NO_HISTORY_WATCH))
+    detector.add(windows)
+    detector.advance(switch + DEFAULT_NO_HISTORY_WATCH)
+    assert detector.latest[key].kind == "deploy"  # tested up to the end of its watch
+    detector.advance(switch + 8 * H)
+    assert not detector.opened
+    assert key not in detector.latest
 
 
 def test_a_bad_deploy_at_night_is_still_found_against_the_same_hours() -> None:
