@@ -29,10 +29,10 @@ among all finalised queries).
   less than a day of its history: as long a span just before the switch as the new
   version has served, at least ``candidate_ms`` and at most ``baseline_ms``, plus
   whatever the previous version served after, and only for ``no_history_watch_ms``
-  after the switch, since a daily cycle biases it more the longer it runs). Both sides end at the new version's last
-  closed window, and a version that served nothing for ``candidate_ms`` (rolled back) is
-  no longer tested. Both phases share one regression key, so a promoted
-  canary keeps one comparison; when there was a canary phase, each phase spends half of
+  after the switch, since a daily cycle biases it more the longer it runs). Both sides
+  end at the new version's last closed window, and a version that served nothing for
+  ``candidate_ms`` (rolled back) is no longer tested. Both phases share one regression
+  key, so a promoted canary keeps one comparison; when there was a canary phase, each phase spends half of
   the family's alpha (a union bound keeps its total).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
