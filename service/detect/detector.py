@@ -32,8 +32,8 @@ among all finalised queries).
   after the switch, since a daily cycle biases it more the longer it runs). Both sides
   end at the new version's last closed window, and a version that served nothing for
   ``candidate_ms`` (rolled back) is no longer tested. Both phases share one regression
-  key, so a promoted canary keeps one comparison; when there was a canary phase, each phase spends half of
-  the family's alpha (a union bound keeps its total).
+  key, so a promoted canary keeps one comparison; when there was a canary phase, each
+  phase spends half of the family's alpha (a union bound keeps its total).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
