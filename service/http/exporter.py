@@ -298,6 +298,13 @@ class PipelineCollector(Collector):
             f"the slice's metrics reaches slices / alpha of its family. {GLOBAL}",
             labels=labels,
         )
+        closed_e = GaugeMetricFamily(
+            "retrieval_regression_closed_e_value",
+            "E-value of the latest look closed over the slice's metrics (the smallest mean of "
+            "the e-values of any set of them containing this one): the regression opens when "
+            f"it reaches 1 / level. {GLOBAL}",
+            labels=labels,
+        )
         info = GaugeMetricFamily(
             "retrieval_regression_info",
             "1 for the test behind each regression series: kind deploy (against the previous "
@@ -316,8 +323,9 @@ class PipelineCollector(Collector):
             delta.add_metric(values, comparison.delta)
             p_value.add_metric(values, comparison.p_value)
             e_value.add_metric(values, comparison.e_value)
+            closed_e.add_metric(values, comparison.closed_e_value)
             info.add_metric([*values, str(comparison.kind)], 1.0)
-        yield from (flag, delta, p_value, e_value, info)
+        yield from (flag, delta, p_value, e_value, closed_e, info)
 
 
 def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[str, str]) -> Metric:

@@ -125,6 +125,11 @@ def test_metrics_expose_the_open_regression(bad: Monitor) -> None:
     assert samples["retrieval_regression", labels] == 1.0
     assert samples["retrieval_regression_delta", labels] < -0.02
     assert 0 <= samples["retrieval_regression_p_value", labels] < 0.01
+    # what opened it: the closed e-value, at most the test's own
+    opened = bad.detector.open[KEY].latest
+    closed_e = samples["retrieval_regression_closed_e_value", labels]
+    assert closed_e == pytest.approx(opened.closed_e_value)
+    assert closed_e <= samples["retrieval_regression_e_value", labels]
     # the labelled share is watched with the other metrics (a few hours: no drift yet)
     watched = {
         dict(ls)["metric"]
