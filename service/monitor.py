@@ -119,6 +119,8 @@ class WindowView:
         """Global mode: every window ending at or before this is in the view."""
         self.delay_ms: int | None = None
         """Global mode: wall time from the last window's publication to its arrival here."""
+        self.bad_records = 0
+        """Global mode: records of the windows topic that were not window records."""
         self._seen: dict[str, int] = {}
         """Keys of the windows merged lately, with their end (a repeat is identical)."""
         self._check = 100_000

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
@@ -39,6 +39,38 @@ from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.follower")
+
+
+class WindowRecord(Protocol):
+    """What the follower reads of a windows-topic record."""
+
+    value: bytes
+    timestamp: int
+    offset: int
+    partition: int
+
+
+def decode_windows(records: Iterable[WindowRecord]) -> tuple[list[ClosedWindow], int, int | None]:
+    """The windows in a batch of windows-topic records, how many records were not window
+    records (logged with their place and skipped: the view goes on with the others), and
+    the oldest record's timestamp (None without records)."""
+    windows: list[ClosedWindow] = []
+    bad = 0
+    oldest = None
+    for record in records:
+        oldest = record.timestamp if oldest is None else min(oldest, record.timestamp)
+        try:
+            windows.append(ClosedWindow.from_record(orjson.loads(record.value)))
+        except (ValueError, KeyError, TypeError) as error:
+            bad += 1
+            log.warning(
+                "skipped a record of the windows topic that is not a window record "
+                "(partition %d, offset %d: %s); only this service should write to that topic",
+                record.partition,
+                record.offset,
+                error,
+            )
+    return windows, bad, oldest
 
 
 def progress_of(committed: Mapping[Any, Any]) -> dict[int, int]:
@@ -79,7 +111,6 @@ class WindowFollower:
         self._since_ms = since_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="window-follower", daemon=True)
-        self.bad_records = 0
         self.consumer = KafkaConsumer(
             **client,
             group_id=None,
@@ -159,18 +190,14 @@ class WindowFollower:
         if not self.tps:
             self._stop.wait(timeout_ms / 1000)
             return
-        windows: list[ClosedWindow] = []
-        oldest = None  # the record that waited longest sets the delay
-        for records in self.consumer.poll(timeout_ms=timeout_ms).values():
-            for record in records:
-                oldest = record.timestamp if oldest is None else min(oldest, record.timestamp)
-                try:
-                    windows.append(ClosedWindow.from_record(orjson.loads(record.value)))
-                except (ValueError, KeyError, TypeError):
-                    self.bad_records += 1
-        if windows:
+        batches = self.consumer.poll(timeout_ms=timeout_ms).values()
+        # the record that waited longest sets the delay
+        windows, bad, oldest = decode_windows(r for records in batches for r in records)
+        if windows or bad:
             with self.state.lock:
-                self.view.add(windows)
+                if windows:
+                    self.view.add(windows)
+                self.view.bad_records += bad
                 if oldest is not None:
                     self.view.delay_ms = max(0, self.state.wall_ms() - oldest)
 

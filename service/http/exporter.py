@@ -255,6 +255,13 @@ class PipelineCollector(Collector):
             if view.boundary_ms is not None:
                 boundary.add_metric([], view.boundary_ms / 1000)
             yield boundary
+            bad = CounterMetricFamily(
+                "retrieval_global_view_bad_records",
+                "Global view: records of the windows topic that were not window records "
+                "(skipped and logged; only this service should write to that topic).",
+            )
+            bad.add_metric([], view.bad_records)
+            yield bad
             yield GaugeMetricFamily(
                 "retrieval_global_view_partitions_behind",
                 "Global view: input partitions left out of the boundary (stalled or unowned).",

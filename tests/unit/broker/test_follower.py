@@ -1,0 +1,67 @@
+"""The global view's reading of the windows topic: a record that is not a window record
+is counted, logged with its place and skipped; the windows next to it are kept."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import orjson
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from service.broker.follower import decode_windows
+from service.detect.model import DetectorConfig
+from service.http.app import create_app
+from service.metrics.ir import metric_keys
+from service.monitor import Monitor, MonitorConfig
+from service.state import ServiceState
+from tests.unit.samples import T0, W
+from tests.unit.samples import window as _window
+
+
+@dataclass
+class Record:
+    value: bytes
+    timestamp: int
+    offset: int
+    partition: int = 0
+
+
+def test_bad_records_are_counted_and_skipped_and_the_windows_beside_them_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    keys = metric_keys((1, 3, 5, 10, 20))
+    good = [_window(T0, 4), _window(T0 + W, 3, partition=1)]
+    records = [
+        Record(orjson.dumps(good[0].to_record(keys)), timestamp=T0 + 9_000, offset=0),
+        Record(b"not json", timestamp=T0 + 7_000, offset=1),
+        Record(orjson.dumps({"retriever": "v7"}), timestamp=T0 + 8_000, offset=2),
+        Record(orjson.dumps(good[1].to_record(keys)), timestamp=T0 + 9_500, offset=3),
+    ]
+    with caplog.at_level(logging.WARNING, logger="retrieval_monitor.follower"):
+        windows, bad, oldest = decode_windows(records)
+    assert windows == good
+    assert bad == 2
+    assert oldest == T0 + 7_000
+    assert [r.getMessage().split("(")[1].split(":")[0] for r in caplog.records] == [
+        "partition 0, offset 1",
+        "partition 0, offset 2",
+    ]
+    assert decode_windows([]) == ([], 0, None)
+
+
+def test_the_global_view_exports_its_bad_records() -> None:
+    config = MonitorConfig(detector=DetectorConfig(metrics=("mrr",)))
+    monitor = Monitor(config, lambda: T0, global_view=True)
+    monitor.view.bad_records = 3
+    client = TestClient(create_app(ServiceState(monitor, lambda: T0, needs_assignment=False)))
+    text = client.get("/metrics").text
+    values = {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("retrieval_global_view_bad_records")
+    }
+    assert values["retrieval_global_view_bad_records_total"] == 3
