@@ -22,7 +22,7 @@ from service.detect.model import (
 )
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
-from service.metrics.sequential import SequentialResult, msprt_strata
+from service.metrics.sequential import SequentialResult, msprt_strata, running_p
 from service.stream.windows import SliceKey
 
 STRATUM_MIN = 30
@@ -124,8 +124,7 @@ def conclude(
     key, metric, family = plan.slice, plan.metric, plan.family
     level = family.alpha / family.slices
     r = measured.result
-    p_now = math.exp(-closed_log_e) if closed_log_e > 0 else 1.0
-    smallest = p_now if smallest_p is None else min(smallest_p, p_now)
+    smallest = running_p(smallest_p, closed_log_e)
     test = BoundaryTest(
         retriever=key[0],
         segment=key[1],

@@ -170,7 +170,7 @@ class SequentialResult:
     def p_value(self) -> float:
         """This look's always-valid p-value, ``min(1, 1 / Lambda)``; the reported one is the
         running minimum over the looks (:func:`running_p`)."""
-        return math.exp(-self.log_e) if self.log_e > 0 else 1.0
+        return running_p(None, self.log_e)
 
     @property
     def ci(self) -> tuple[float, float]:
@@ -227,7 +227,8 @@ def msprt_strata(
     )
 
 
-def running_p(previous: float | None, result: SequentialResult) -> float:
-    """The always-valid p-value after this look: the smallest ``1 / Lambda`` so far."""
-    p = result.p_value
+def running_p(previous: float | None, log_e: float) -> float:
+    """The always-valid p-value after a look whose e-value is ``exp(log_e)``: the smallest
+    ``min(1, 1 / e)`` so far (``previous``: the run's before it, None at its first look)."""
+    p = math.exp(-log_e) if log_e > 0 else 1.0
     return p if previous is None else min(previous, p)

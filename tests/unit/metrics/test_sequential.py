@@ -61,8 +61,8 @@ def test_one_look_from_moments() -> None:
     assert r.log_e == pytest.approx(log_mixture_ratio(-0.06, v, 0.02))
     assert r.p_value == pytest.approx(math.exp(-r.log_e))
     assert r.ci[0] < r.delta < r.ci[1]
-    assert running_p(0.5, r) == min(0.5, r.p_value)
-    assert running_p(None, r) == r.p_value
+    assert running_p(0.5, r.log_e) == min(0.5, r.p_value)
+    assert running_p(None, r.log_e) == r.p_value
     no_change = msprt(base, (0.80, 0.16, 1000), tau=0.02, alpha=ALPHA)
     assert no_change.log_e < 0
     assert no_change.p_value == 1.0
