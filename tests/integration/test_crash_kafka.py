@@ -95,7 +95,9 @@ def test_crashes_between_publishing_and_committing_repeat_nothing(
 ) -> None:
     """Failpoints: SIGKILL exactly before a commit (windows sent, offsets not committed)
     and exactly after one (committed, not yet counted), three times each."""
-    events = traffic(seed=42, hours=4.0)
+    # six rounds each keep up to 3 commits with windows: 10 h leave work for all of them
+    # (4 h ran out before the fifth round's failpoint on a fast machine)
+    events = traffic(seed=42, hours=10.0)
     expected = expected_windows(events)
     rng = random.Random(42)
     produce(topics, events)
