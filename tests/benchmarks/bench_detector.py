@@ -34,6 +34,12 @@ and two segments (50/50): the previous version has no day of history, so a deplo
 compared with its last hours, which the daily cycle biases; a no-change run counts as
 half a monitored day. The drift kind needs a day of history and finds nothing there.
 
+After the tables, the share of runs an oracle finds at each delay: one look, knowing the
+time, the metric and the direction, at level 1/30 (see ``oracle_bound``); no detector
+does better, so it says which delays this traffic allows at all. ``--attribution 5``
+runs everything with a 5-minute attribution window: every simulated label comes within
+5 minutes, so that is what comparing both sides at equal label maturity would give.
+
 Run: ``python tests/benchmarks/bench_detector.py`` (``--runs 20``, ``--null-runs 60``
 by default; about 25 minutes on 2 cores). Prints a table; nothing is asserted.
 """
@@ -61,6 +67,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make the tests package importable
     sys.path.insert(0, str(ROOT))
 
+from tests.benchmarks.oracle_bound import oracle_z, power  # noqa: E402
 from tests.benchmarks.per_look_detector import per_look_alarms  # noqa: E402
 
 NEW = "hybrid-v8"
@@ -76,6 +83,11 @@ KINDS = (
     "slow drift",
 )
 NULL_KINDS = ("no-change", "no-change canary")
+ORACLE_DELAYS = tuple(range(15, 301, 15))
+"""Minutes after the event at which the oracle may make its one look."""
+ORACLE_MATURITIES = (30, 5)
+"""Minutes: the attribution window; 5 is the age of the simulator's last label, so a
+comparison at equal maturity (both sides' labels counted up to 5 min) loses nothing."""
 Alarm = tuple[str, str, str, int, str]
 
 
@@ -91,6 +103,8 @@ class RunResult:
     labelled_per_hour: float
     monitored_days: float
     """The second day of a two-day run; half a day per 12-hour run (``--short``)."""
+    oracle: dict[tuple[str, int, int], tuple[float, float] | None]
+    """(metric, delay min, maturity min) -> the oracle's (day, known) z (see oracle_bound)."""
 
 
 def simulation(
@@ -145,13 +159,26 @@ def _events(sim: SimulationConfig) -> Iterator[tuple[bool, int, QueryEvent | Fee
 
 
 def run_one(
-    kind: str, seed: int, queries_per_hour: float, tau: float | None, short: bool
+    kind: str,
+    seed: int,
+    queries_per_hour: float,
+    tau: float | None,
+    short: bool,
+    attribution_min: float | None = None,
 ) -> RunResult:
     sim = simulation(kind, seed, queries_per_hour, short)
     now = [sim.start_ms]
     config = MonitorConfig()
     if tau is not None:
         config = replace(config, detector=replace(config.detector, tau=tau))
+    if attribution_min is not None:  # both the join's and the detector's
+        ms = int(attribution_min * 60_000)
+        join = replace(config.pipeline.join, attribution_ms=ms)
+        config = replace(
+            config,
+            pipeline=replace(config.pipeline, join=join),
+            detector=replace(config.detector, attribution_ms=ms),
+        )
     monitor = Monitor(config, lambda: now[0])
     pipeline = monitor.pipeline
     pipeline.assign(0)
@@ -179,6 +206,22 @@ def run_one(
     ]
     per_look = per_look_alarms(windows, {NEW: HYBRID_V7.name}, cfg.window_ms, cfg.attribution_ms)
     event_ms = sim.switch_at_ms or (sim.shape.drift_start_ms if sim.shape else None) or 0
+    oracle = {}
+    if kind not in (*NULL_KINDS, "slow drift"):
+        concurrent = kind.startswith("canary")
+        for metric in cfg.watched:
+            for d in ORACLE_DELAYS:
+                for m in ORACLE_MATURITIES:
+                    oracle[metric, d, m] = oracle_z(
+                        windows,
+                        NEW,
+                        HYBRID_V7.name,
+                        event_ms,
+                        concurrent,
+                        d * 60_000,
+                        m * 60_000,
+                        metric,
+                    )
     return RunResult(
         kind=kind,
         seed=seed,
@@ -188,6 +231,7 @@ def run_one(
         static_series=_static_series(windows, cfg.window_ms, cfg.attribution_ms),
         labelled_per_hour=sum(w.labelled for w in windows) / (sim.duration_ms / HOUR_MS),
         monitored_days=0.5 if short else 1.0,
+        oracle=oracle,
     )
 
 
@@ -265,6 +309,13 @@ def main() -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated drop kinds")
     parser.add_argument("--tau", type=float, help="the detector's tau (default: its default)")
     parser.add_argument(
+        "--attribution",
+        type=float,
+        metavar="MIN",
+        help="the attribution window in minutes (default 30); every simulated label comes "
+        "within 5, so 5 shows what comparing at equal label maturity would gain",
+    )
+    parser.add_argument(
         "--short",
         action="store_true",
         help="12-hour runs from any hour, the event at hour 8 (no day of history), 2 segments",
@@ -283,6 +334,7 @@ def main() -> int:
                 [args.queries_per_hour] * len(jobs),
                 [args.tau] * len(jobs),
                 [args.short] * len(jobs),
+                [args.attribution] * len(jobs),
             )
         )
     elapsed = time.perf_counter() - started
@@ -323,7 +375,56 @@ def main() -> int:
         print(row(kind, "per-look Welch detector", runs, [r.per_look for r in runs]))
         static = [static_alarms(r.static_series, threshold) for r in runs]
         print(row(kind, f"static threshold (T = {threshold:.3f})", runs, static))
+    print_oracle([r for r in results if r.oracle], kinds)
     return 0
+
+
+def print_oracle(results: list[RunResult], kinds: list[str]) -> None:
+    """The oracle's one look (see oracle_bound) at one-sided level 1/30, the whole budget
+    of a deploy when one deploy a day may raise at most one false alarm per 30 days."""
+    alpha = 1 / 30
+    print(
+        f"\nthe oracle's one look at level {alpha:.3f} (knows the time, the metric, the "
+        "direction): share of runs it finds at each delay"
+    )
+    print()
+    print("| event | maturity | baseline | metric | 60 min | 120 min | 180 min | 50% at | 95% at |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        runs = [r for r in results if r.kind == kind]
+        if not runs:
+            continue
+        metrics = sorted({metric for r in runs for metric, _, _ in r.oracle})
+        target = 180 if kind.startswith("canary") else 60
+        for maturity in ORACLE_MATURITIES:
+            for b, base in enumerate(("day", "known")):
+                best = max(
+                    metrics,
+                    key=lambda x: (
+                        -statistics.median(
+                            z if z is not None else 0.0
+                            for z in _oracle_zs(runs, x, target, maturity, b)
+                        )
+                    ),
+                )
+                shares = {
+                    d: power(_oracle_zs(runs, best, d, maturity, b), alpha) for d in ORACLE_DELAYS
+                }
+                half = next((f"{d} min" for d in ORACLE_DELAYS if shares[d] >= 0.5), "-")
+                most = next((f"{d} min" for d in ORACLE_DELAYS if shares[d] >= 0.95), "-")
+                print(
+                    f"| {kind} | {maturity} min | {base} | {best} | {shares[60]:.0%} | "
+                    f"{shares[120]:.0%} | {shares[180]:.0%} | {half} | {most} |"
+                )
+
+
+def _oracle_zs(
+    runs: list[RunResult], metric: str, delay_min: int, maturity_min: int, baseline: int
+) -> list[float | None]:
+    """Each run's oracle z of one metric, delay, maturity and baseline (0 day, 1 known)."""
+    return [
+        (z[baseline] if (z := r.oracle[metric, delay_min, maturity_min]) else None) for r in runs
+    ]
 
 
 if __name__ == "__main__":
