@@ -8,10 +8,12 @@ need, so a slow client never holds the loop for longer than a copy.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from service.detect.detector import Detector
+from service.liveness import BROKER_CALLS, BrokerWait
 from service.monitor import Monitor, WindowView
 from service.stream.pipeline import Pipeline
 
@@ -33,6 +35,14 @@ class SourceHealth:
     """The clean stop finished: nothing is consumed or published any more."""
     failed: str | None = None
     """A thread of the process died (its error): the process is not alive any more."""
+    broker_connected: bool | None = None
+    """Whether a broker connection was up at the loop's last turn (None: no broker)."""
+    unreachable_since_ms: int | None = None
+    """Wall time since which no broker connection has been up (None: one is)."""
+    wait: BrokerWait | None = None
+    """The broker call the loop is inside now (liveness allows it its bound)."""
+    waited_ms: dict[str, int] = field(default_factory=lambda: dict.fromkeys(BROKER_CALLS, 0))
+    """Wall time spent in finished broker waits, per call (keys fixed: read unlocked)."""
 
 
 @dataclass(slots=True)
@@ -71,3 +81,29 @@ class ServiceState:
     def beat(self) -> None:
         """The loop is alive."""
         self.heartbeat_ms = self.wall_ms()
+
+    @contextmanager
+    def waiting_on_broker(self, what: str, limit_ms: int) -> Iterator[None]:
+        """Declare a broker call bounded by ``limit_ms``: the process is alive inside it
+        for that long (see :mod:`service.liveness`). Nested calls count in the outer one."""
+        health = self.health
+        if health.wait is not None:
+            yield
+            return
+        since = self.wall_ms()
+        health.wait = BrokerWait(what, since, limit_ms)
+        try:
+            yield
+        finally:
+            health.wait = None
+            health.waited_ms[what] = health.waited_ms.get(what, 0) + self.wall_ms() - since
+            self.heartbeat_ms = self.wall_ms()
+
+    def broker_seen(self, connected: bool) -> None:
+        """Record whether a broker connection is up now."""
+        health = self.health
+        health.broker_connected = connected
+        if connected:
+            health.unreachable_since_ms = None
+        elif health.unreachable_since_ms is None:
+            health.unreachable_since_ms = self.wall_ms()

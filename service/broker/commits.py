@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 from kafka import TopicPartition
-from kafka.errors import KafkaError
+from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from service.broker.failpoints import failpoint
@@ -50,7 +51,8 @@ log = logging.getLogger("retrieval_monitor.kafka")
 BROKER_ERRORS = (KafkaError, CommitError)
 """What a commit may raise when the broker refuses, fails or does not answer."""
 COMMITTED_WAIT_MS = 30_000
-"""How long one fetch of the committed offsets may take before it is retried later."""
+"""How long fetching the committed offsets of every assigned partition may take before it
+is retried later (one budget for all of them, not one each)."""
 
 
 class Consumer(Protocol):
@@ -151,15 +153,23 @@ class CommitProtocol:
         if not tps:
             return
         try:
-            committed = {
-                tp: self.consumer.committed(tp, metadata=True, timeout_ms=COMMITTED_WAIT_MS)
-                for tp in tps
-            }
+            committed = self._committed(tps)
         except KafkaError as error:
             log.warning("fetching the committed offsets failed (%s); retrying", error)
             self._rebuild_later()
             return
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
+
+    def _committed(self, tps: Iterable[Any]) -> dict[Any, Any]:
+        """The committed offsets of ``tps``, all within ``COMMITTED_WAIT_MS``."""
+        deadline = time.monotonic() + COMMITTED_WAIT_MS / 1000
+        out = {}
+        for tp in tps:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                raise KafkaTimeoutError(f"committed offsets not fetched in {COMMITTED_WAIT_MS} ms")
+            out[tp] = self.consumer.committed(tp, metadata=True, timeout_ms=left_ms)
+        return out
 
     # -- rebalance callbacks (kafka-python's IO thread) ------------------------------------------
 

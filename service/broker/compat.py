@@ -66,6 +66,16 @@ async def committed_in_callback(
     return committed
 
 
+def broker_connected(consumer: KafkaConsumer) -> bool:
+    """Whether the consumer has a connection up to any broker it knows of (before it
+    knows any, to the bootstrap servers)."""
+    client = consumer._client  # a 3.0.x internal: KafkaClient
+    brokers = client.cluster.brokers()
+    if not brokers:
+        return bool(client.bootstrap_connected())
+    return any(client.connected(broker.node_id) for broker in brokers)
+
+
 def unpark_resumed(consumer: KafkaConsumer) -> None:
     """Work around a kafka-python 3.0 fetcher bug that starves resumed partitions.
 

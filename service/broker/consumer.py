@@ -24,7 +24,7 @@ from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, RetriableError
 
-from service.broker import compat
+from service.broker import compat, waits
 from service.broker.commits import COMMITTED_WAIT_MS, CommitProtocol
 from service.broker.publisher import make_publisher
 from service.config import Settings
@@ -152,18 +152,22 @@ class KafkaEdge:
     def run(self, stop: threading.Event) -> None:
         """Poll, process, publish, commit until ``stop`` is set; then hand everything over."""
         settings = self.settings
+        state = self.state
         while not stop.is_set():
             compat.unpark_resumed(self.consumer)
             try:
-                batch = self.consumer.poll(
-                    timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
-                )
+                with state.waiting_on_broker("poll", waits.poll_limit_ms(settings)):
+                    batch = self.consumer.poll(
+                        timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
+                    )
             except RetriableError as error:  # e.g. the broker is down: retry, stay in place
                 log.warning("polling Kafka failed (%s); retrying in %.0f s", error, KAFKA_RETRY_S)
-                self.state.beat()
+                state.broker_seen(False)
+                state.beat()
                 stop.wait(KAFKA_RETRY_S)
                 continue
-            now = self.state.wall_ms()
+            state.broker_seen(compat.broker_connected(self.consumer))
+            now = state.wall_ms()
 
             def work(batch: dict[Any, list[Any]] = batch, now: int = now) -> None:
                 self.state.health.last_poll_ms = now
@@ -171,15 +175,19 @@ class KafkaEdge:
                     self._process(tp, records)
 
             due = now - self._last_commit_ms >= settings.commit_interval
-            if self.commits.cycle(work, commit=due):
-                self._last_commit_ms = now
-            self.commits.rebuild_if_needed()
+            with state.waiting_on_broker("commit", waits.commit_limit_ms()):
+                if self.commits.cycle(work, commit=due):
+                    self._last_commit_ms = now
+            partitions = len(self.consumer.assignment())
+            with state.waiting_on_broker("rebuild", waits.rebuild_limit_ms()):
+                self.commits.rebuild_if_needed()
             if now - self._last_lag_ms >= 1000:
-                self._update_lag()
+                with state.waiting_on_broker("lag", waits.lag_limit_ms(partitions)):
+                    self._update_lag()
                 self._last_lag_ms = now
-            if batch or self.state.health.paused:
+            if batch or state.health.paused:
                 self._balance()
-            self.state.beat()
+            state.beat()
         self.close()
 
     def close(self) -> None:
@@ -265,7 +273,11 @@ class KafkaEdge:
         for tp in self.consumer.assignment():
             high = self.consumer.highwater(tp)
             try:  # position() may wait for committed offsets: never for long here
-                position = self.consumer.position(tp, timeout_ms=1000) if high is not None else None
+                position = (
+                    self.consumer.position(tp, timeout_ms=waits.LAG_WAIT_MS)
+                    if high is not None
+                    else None
+                )
             except KafkaError:
                 position = None
             if high is None or position is None:

@@ -42,6 +42,9 @@ TRANSACTION_WAIT_MS = 30_000
 """How long one transactional request may take before the transaction is given up."""
 REPLACE_WAIT_S = 300.0
 """How long replacing the producer (the broker may be away) is retried before giving up."""
+PRODUCER_MAX_BLOCK_MS = 60_000
+"""The producer's ``max_block_ms``: the bound of ``init_transactions`` and of a send
+waiting for metadata or buffer space."""
 
 Offsets = Mapping[Any, Any]
 """``TopicPartition`` -> ``OffsetAndMetadata``."""
@@ -172,6 +175,7 @@ def producer_config(
         **client,
         "acks": "all",
         "linger_ms": 20,
+        "max_block_ms": PRODUCER_MAX_BLOCK_MS,
         "client_id": "retrieval-monitor-publisher",
         **extra,
     }

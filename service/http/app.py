@@ -23,6 +23,7 @@ from service import __version__
 from service.http.deps import State, span_ms
 from service.http.exporter import build_registry
 from service.http.regressions import router as regressions_router
+from service.liveness import broker_unready, liveness
 from service.metrics.aggregates import Moments
 from service.state import ServiceState
 from service.stream.windows import SliceTotals
@@ -95,7 +96,8 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
 ROUTES = {
     "/metrics": "every Prometheus series (which are per replica, which global: docs/streaming.md)",
     "/healthz": "the processing loop is alive",
-    "/readyz": "partitions assigned and polling recently (503 with a reason otherwise)",
+    "/readyz": "partitions assigned, polling recently and the broker reachable (503 with "
+    "a reason otherwise)",
     "/api/v1/rolling?window=1h": "rolling metrics per retriever and segment, with 95% intervals",
     "/api/v1/windows": "closed windows (retriever=, segment=, since=)",
     "/api/v1/compare?baseline=A&candidate=B&window=24h": "two versions, metric by metric",
@@ -166,23 +168,28 @@ def create_app(state: ServiceState) -> FastAPI:
 
     @app.get("/healthz")
     def healthz(service: State) -> JSONResponse:
-        """The processing loop is alive."""
-        beat = service.heartbeat_ms
-        now = service.wall_ms()
-        if beat is None or now - beat > service.stale_after_ms:
-            return JSONResponse({"status": "stalled", "reason": "the loop has not run"}, 503)
-        if service.health.failed is not None:
-            return JSONResponse({"status": "failed", "reason": service.health.failed}, 503)
-        return JSONResponse({"status": "ok"})
+        """The processing loop is alive (inside a broker wait, for as long as its bound)."""
+        health = service.health
+        alive, body = liveness(
+            service.wall_ms(),
+            service.heartbeat_ms,
+            health.wait,
+            service.stale_after_ms,
+            health.failed,
+        )
+        return JSONResponse(body, 200 if alive else 503)
 
     @app.get("/readyz")
     def readyz(service: State) -> JSONResponse:
-        """Partitions are assigned and the consumer polled recently."""
+        """Partitions are assigned, the consumer polled recently and the broker answers."""
         health = service.health
         now = service.wall_ms()
         if health.stopped:
             reason = "stopped: partitions handed over; /metrics shows the final counts"
             return JSONResponse({"ready": False, "reason": reason}, 503)
+        broker = broker_unready(now, health.wait, health.unreachable_since_ms)
+        if broker is not None:
+            return JSONResponse({"ready": False, "reason": broker}, 503)
         if service.needs_assignment and health.assigned == 0:
             return JSONResponse({"ready": False, "reason": "no partitions assigned yet"}, 503)
         if health.last_poll_ms is None or now - health.last_poll_ms > service.stale_after_ms:

@@ -246,6 +246,7 @@ class PipelineCollector(Collector):
         if self.health.last_poll_ms is not None:
             last.add_metric([], self.health.last_poll_ms / 1000)
         yield last
+        yield from self._broker()
         view = self.state.view
         if view.is_global:
             boundary = GaugeMetricFamily(
@@ -279,6 +280,39 @@ class PipelineCollector(Collector):
         )
         dead.add_metric([], self.health.deadletters)
         yield dead
+
+    def _broker(self) -> Iterator[Metric]:
+        """Connectivity to the broker and the time spent waiting on it."""
+        health, now = self.health, self.state.wall_ms()
+        connected = GaugeMetricFamily(
+            "retrieval_broker_connected",
+            "1 while a connection to a Kafka broker is up (at the loop's last turn), else 0.",
+        )
+        unreachable = GaugeMetricFamily(
+            "retrieval_broker_unreachable_seconds",
+            "For how long no broker connection has been up (0 while one is).",
+        )
+        if health.broker_connected is not None:
+            connected.add_metric([], 1.0 if health.broker_connected else 0.0)
+            since = health.unreachable_since_ms
+            unreachable.add_metric([], 0.0 if since is None else (now - since) / 1000)
+        yield connected
+        yield unreachable
+        waited = CounterMetricFamily(
+            "retrieval_broker_wait_seconds",
+            "Wall time the processing loop spent in broker calls, per call (poll, commit, "
+            "rebuild, lag): finished calls; the current one is retrieval_broker_waiting_seconds.",
+            labels=["call"],
+        )
+        for call, ms in sorted(health.waited_ms.items()):
+            waited.add_metric([call], ms / 1000)
+        yield waited
+        wait = health.wait
+        yield GaugeMetricFamily(
+            "retrieval_broker_waiting_seconds",
+            "How long the processing loop has been inside its current broker call (0: none).",
+            value=0.0 if wait is None else (now - wait.since_ms) / 1000,
+        )
 
     def _regressions(self) -> Iterator[Metric]:
         labels = ["retriever", "segment", "metric", "baseline"]

@@ -8,11 +8,16 @@ recovered). The service process lives through both: it reconnects, its open
 transaction is aborted (or, with a request unanswered, its producer replaced, which
 makes the broker abort it) and it rebuilds from the last commit. The oracle:
 the windows equal the offline evaluation, each key once, and the counter totals of the
-one process lifetime equal it too.
+one process lifetime equal it too. Meanwhile ``/healthz`` and ``/readyz`` are read
+twice a second: the process stays alive through both outages (never 503 for more than
+30 s in a row), and is unready with ``broker unreachable since ...`` while the broker is
+away.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -41,6 +46,45 @@ from tests.integration.private_broker import PrivateBroker
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
 
+class Probes:
+    """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason)."""
+
+    def __init__(self, service: ServiceProcess) -> None:
+        self.service = service
+        self.seen: list[tuple[float, int, int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            health, _ = self.service.get("/healthz")
+            ready, body = self.service.get("/readyz")
+            try:
+                reason = json.loads(body).get("reason", "") if body else ""
+            except ValueError:
+                reason = ""
+            self.seen.append((time.monotonic(), health, ready, reason))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def longest_unhealthy_s(self) -> float:
+        """The longest run of /healthz answers other than 200."""
+        longest, since = 0.0, None
+        for at, health, _, _ in self.seen:
+            if health != 200:
+                since = at if since is None else since
+                longest = max(longest, at - since)
+            else:
+                since = None
+        return longest
+
+    def during(self, start: float, end: float) -> list[tuple[float, int, int, str]]:
+        return [s for s in self.seen if start <= s[0] <= end]
+
+
 @pytest.fixture
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
     broker = PrivateBroker(tmp_path_factory.mktemp("broker"))
@@ -66,7 +110,8 @@ def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: P
     }
     service = ServiceProcess(topics, tmp_path / "service.log", **settings)
     service.wait_ready()
-    outages = []
+    probes = Probes(service)
+    outages, spans = [], []
     for fraction, fault in ((1 / 3, "restart"), (2 / 3, "kill -9")):
         service.wait_until(
             lambda f=fraction: total(service.samples(), "retrieval_events_total") >= f * n,
@@ -86,11 +131,27 @@ def test_broker_restart_and_kill_9_mid_stream(broker: PrivateBroker, tmp_path: P
             # offsets stay unstable and the rebuild waits for them for ever).
             time.sleep(TRANSACTION_WAIT_MS / 1000 + 5)
         assert service.process.poll() is None, service.tail()
+        down_until = time.monotonic()
         broker.up()
-        outages.append((fault, round(time.monotonic() - started, 1), unread))
+        up = time.monotonic()
+        service.wait_until(lambda: service.get("/readyz")[0] == 200, 240, "ready again")
+        spans.append((started, down_until, round(time.monotonic() - up, 1)))
+        outages.append((fault, round(down_until - started, 1), unread))
 
     wait_all_published(service, topics, len(expected), timeout_s=240)
+    probes.stop()
     final = stop_and_scrape(service)
+    unhealthy = probes.longest_unhealthy_s()
+    print(
+        f"\n/healthz: longest run of non-200 answers {unhealthy:.1f} s; "
+        f"ready again {[ready for _, _, ready in spans]} s after the broker was started"
+    )
+    assert unhealthy <= 30, "the liveness probe would restart the pod during the outage"
+    # the kill -9 outage (the clean restart's is a few seconds, shorter than a turn may be)
+    start, end, _ = spans[1]
+    seen = probes.during(start + 2, end)
+    reasons = [r for _, _, ready, r in seen if ready == 503]
+    assert any(r.startswith("broker unreachable since ") for r in reasons), seen
     print(
         f"\nbroker faults {outages} (fault, seconds down, records unread then): "
         f"{n} records in, {len(expected)} windows expected"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from service.broker import waits
 from service.broker.publisher import TRANSACTION_WAIT_MS
 from service.cli import build_parser
 from service.config import ENV_PREFIX, Settings
@@ -125,3 +126,22 @@ def test_the_pod_gets_time_to_hand_over_and_runs_the_run_command(
     assert scripts.group(1) == "retrieval-monitor"
     user = stateful["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert f"USER {user}" in dockerfile
+
+
+def test_a_broker_outage_does_not_restart_the_pod_but_a_stuck_loop_does(
+    kinds: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``/healthz`` stays 200 inside every declared broker wait for its bound
+    (tests/unit/test_liveness.py), so the probe need only outlast a slow turn of the
+    loop outside one; a loop stuck past the longest bound is still restarted soon."""
+    for name, value in _env(kinds).items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    probe = _container(kinds)["livenessProbe"]
+    tolerance_ms = probe["periodSeconds"] * probe["failureThreshold"] * 1000
+    clock = lambda: 0  # noqa: E731
+    stale_ms = ServiceState(Monitor(MonitorConfig(), clock), clock).stale_after_ms
+    assert tolerance_ms >= stale_ms + 2 * probe["periodSeconds"] * 1000
+    longest = waits.longest_wait_ms(settings, partitions=2 * 32)
+    assert longest == waits.commit_limit_ms()  # a commit that ends in a new producer
+    assert longest + stale_ms + tolerance_ms <= 15 * 60_000
