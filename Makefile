@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-golden test quick faults check lint typecheck unit bench clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
+.PHONY: help venv demo demo-golden test quick faults fault-schedule check lint typecheck unit bench clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ faults: $(STAMP) ## the reliability fault suite alone, REPEAT times in a row (de
 	@started=0; bash deploy/local/kafka/kafka.sh reachable || { $(MAKE) --no-print-directory kafka-up && started=1; } || exit 1; \
 	rc=0; for i in $$(seq $${REPEAT:-1}); do echo "fault suite, run $$i"; $(BIN)/pytest -q -m faults || { rc=1; break; }; done; \
 	if [ $$started = 1 ]; then $(MAKE) --no-print-directory kafka-down; fi; exit $$rc
+
+fault-schedule: $(STAMP) ## Jepsen-style runs: RUNS (20) runs of FAULTS (8) broker faults of mixed kinds on a private broker during a live stream, service kill -9s in half (figures: docs/reliability.md)
+	$(BIN)/python -m tests.integration.fault_schedule --runs $${RUNS:-20} --faults $${FAULTS:-8}
 
 quick: $(STAMP) ## every test not marked slow (under a minute; the integration ones need make kafka-up)
 	$(BIN)/pytest -q -m "not slow"

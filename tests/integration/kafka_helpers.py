@@ -460,16 +460,22 @@ class PacedProducer:
     """Produces events in a thread at ``per_second``, so the stream is live while a test
     acts on it; ``produced`` counts what was sent (and flushed)."""
 
-    def __init__(self, topics: Topics, events: list[SimEvent], per_second: int) -> None:
+    def __init__(
+        self, topics: Topics, events: list[SimEvent], per_second: int, **config: Any
+    ) -> None:
         self.produced = 0
         self.error: BaseException | None = None
+        self._config = config
+        """More kafka-python producer settings."""
         self._thread = threading.Thread(
             target=self._run, args=(topics, events, per_second), daemon=True
         )
         self._thread.start()
 
     def _run(self, topics: Topics, events: list[SimEvent], per_second: int) -> None:
-        producer = KafkaProducer(bootstrap_servers=topics.bootstrap, acks="all", linger_ms=5)
+        producer = KafkaProducer(
+            bootstrap_servers=topics.bootstrap, acks="all", linger_ms=5, **self._config
+        )
         try:
             step = max(1, per_second // 20)
             started = time.monotonic()
@@ -506,3 +512,42 @@ def report_figures(
         f"| {lost} | {duplicated}"
     )
     return lost, duplicated
+
+
+class Probes:
+    """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason)."""
+
+    def __init__(self, service: ServiceProcess) -> None:
+        self.service = service  # (a test may point it at a restarted process)
+        self.seen: list[tuple[float, int, int, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            health, _ = self.service.get("/healthz")
+            ready, body = self.service.get("/readyz")
+            try:
+                reason = json.loads(body).get("reason", "") if body else ""
+            except ValueError:
+                reason = ""
+            self.seen.append((time.monotonic(), health, ready, reason))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def longest_unhealthy_s(self) -> float:
+        """The longest run of /healthz answers other than 200."""
+        longest, since = 0.0, None
+        for at, health, _, _ in self.seen:
+            if health != 200:
+                since = at if since is None else since
+                longest = max(longest, at - since)
+            else:
+                since = None
+        return longest
+
+    def during(self, start: float, end: float) -> list[tuple[float, int, int, str]]:
+        return [s for s in self.seen if start <= s[0] <= end]

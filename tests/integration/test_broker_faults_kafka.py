@@ -16,8 +16,6 @@ away.
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,6 +28,7 @@ from service.broker.publisher import TRANSACTION_WAIT_MS
 from tests.integration.conftest import create_topics
 from tests.integration.kafka_helpers import (
     FAST,
+    Probes,
     ServiceProcess,
     check_counts,
     check_windows,
@@ -44,45 +43,6 @@ from tests.integration.kafka_helpers import (
 from tests.integration.private_broker import PrivateBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
-
-
-class Probes:
-    """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason)."""
-
-    def __init__(self, service: ServiceProcess) -> None:
-        self.service = service
-        self.seen: list[tuple[float, int, int, str]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            health, _ = self.service.get("/healthz")
-            ready, body = self.service.get("/readyz")
-            try:
-                reason = json.loads(body).get("reason", "") if body else ""
-            except ValueError:
-                reason = ""
-            self.seen.append((time.monotonic(), health, ready, reason))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def longest_unhealthy_s(self) -> float:
-        """The longest run of /healthz answers other than 200."""
-        longest, since = 0.0, None
-        for at, health, _, _ in self.seen:
-            if health != 200:
-                since = at if since is None else since
-                longest = max(longest, at - since)
-            else:
-                since = None
-        return longest
-
-    def during(self, start: float, end: float) -> list[tuple[float, int, int, str]]:
-        return [s for s in self.seen if start <= s[0] <= end]
 
 
 @pytest.fixture

@@ -1,0 +1,297 @@
+"""Jepsen-style runs: a fault schedule drawn from a seed, against a live paced stream.
+
+A private broker holds the topics; a producer thread streams simulated traffic into
+them at a steady rate (idempotent, so the input holds each event once however often
+the broker goes away); one service process works on it. Meanwhile a schedule drawn from
+the seed applies broker faults of mixed kinds (``kill -9`` then a restart, ``SIGSTOP``
+then ``SIGCONT``, a clean stop then a restart), each a few seconds to 20 s long, and in
+some runs kills the service with ``kill -9`` (a new process with the same transactional
+id takes over at once). ``/healthz`` and ``/readyz`` are read twice a second throughout.
+
+The oracle, once the stream ended and everything was published:
+
+* the windows topic's last record per key equals the offline evaluation of the events
+  actually in the input topics (read back), for every key, and no key carries two
+  different records (identical ones are allowed by the contract, and counted);
+* with no service kill (one lifetime), its counters equal the offline evaluation too;
+* ``/healthz`` is never other than 200 for more than 30 s in a row (during a service
+  restart the new process takes a few seconds to answer);
+* ``/readyz`` says ``broker unreachable since ...`` during every broker outage (a
+  ``kill -9`` or a clean stop) of 8 s or more.
+
+``python -m tests.integration.fault_schedule --runs 20 --faults 8`` (``make
+fault-schedule``) prints one figures line per run; ``test_fault_schedule_kafka.py`` runs
+a short schedule in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+
+from kafka.admin import KafkaAdminClient
+
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.reference import evaluate_event_log
+from service.stream.windows import ClosedWindow
+from tests.integration.conftest import create_topics
+from tests.integration.kafka_helpers import (
+    FAST,
+    PacedProducer,
+    Probes,
+    ServiceProcess,
+    Topics,
+    check_counts,
+    read_all,
+    stop_and_scrape,
+    traffic,
+)
+from tests.integration.private_broker import PrivateBroker
+
+BROKER_FAULTS = ("kill -9", "pause", "restart")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    """``kill -9``, ``pause``, ``restart`` (of the broker) or ``service kill -9``."""
+    after_s: float
+    """Seconds of normal work before it."""
+    down_s: float
+    """Seconds the broker stays away (0 for the service's kill)."""
+
+
+def schedule(seed: int, faults: int, service_kills: int) -> list[Fault]:
+    """``faults`` broker faults, every kind at least once when there are three or more,
+    and ``service_kills`` service kills among them, in an order drawn from ``seed``."""
+    rng = random.Random(seed)
+    kinds = [BROKER_FAULTS[i % 3] for i in range(faults)]
+    rng.shuffle(kinds)
+    out = [
+        Fault(k, rng.uniform(3, 10), rng.choice([rng.uniform(2, 8), rng.uniform(8, 20)]))
+        for k in kinds
+    ]
+    for _ in range(service_kills):
+        out.insert(rng.randrange(1, len(out) + 1), Fault("service kill -9", rng.uniform(3, 10), 0))
+    return out
+
+
+@dataclass
+class Outcome:
+    seed: int
+    faults: list[Fault]
+    records_in: int = 0
+    expected: int = 0
+    lost: int = 0
+    different: int = 0
+    """Keys with two different records."""
+    repeated: int = 0
+    """Window records beyond one per key (identical ones)."""
+    counters_checked: bool = False
+    longest_unhealthy_s: float = 0.0
+    ready_again_s: list[float] = field(default_factory=list)
+    """Per broker fault: seconds from the broker back to /readyz 200."""
+    unready_seen: list[bool] = field(default_factory=list)
+    """Per broker outage of 8 s or more (kill -9, restart): 'broker unreachable' seen."""
+    elapsed_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.lost == 0
+            and self.different == 0
+            and self.longest_unhealthy_s <= 30
+            and all(self.unready_seen)
+        )
+
+    def line(self) -> str:
+        kinds: dict[str, int] = defaultdict(int)
+        for f in self.faults:
+            kinds[f.kind] += 1
+        mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        ready = max(self.ready_again_s, default=0.0)
+        counters = "exact" if self.counters_checked else "not checked (service killed)"
+        return (
+            f"FIGURES | fault schedule seed {self.seed} | {mix} | {self.records_in} records "
+            f"in | {self.expected} windows | lost {self.lost} | two different records "
+            f"{self.different} | identical repeats {self.repeated} | counters {counters} | "
+            f"/healthz longest non-200 {self.longest_unhealthy_s:.1f} s | "
+            f"/readyz 200 again at most {ready:.1f} s after the broker | "
+            f"{'PASS' if self.passed else 'FAIL'} in {self.elapsed_s:.0f} s"
+        )
+
+
+def expected_from_topics(topics: Topics) -> tuple[int, dict[str, ClosedWindow]]:
+    """The offline evaluation of what the input topics hold (read back after the run)."""
+    queries, feedback, partition_of = [], [], {}
+    n = 0
+    for record in read_all(topics.queries, timeout_s=60, bootstrap=topics.bootstrap):
+        q = QueryEvent.model_validate(json.loads(record.value))
+        queries.append(q)
+        partition_of[q.query_id] = record.partition
+        n += 1
+    for record in read_all(topics.feedback, timeout_s=60, bootstrap=topics.bootstrap):
+        feedback.append(FeedbackEvent.model_validate(json.loads(record.value)))
+        n += 1
+    return n, evaluate_event_log(queries, feedback, partition_of=partition_of)
+
+
+def _service(topics: Topics, log: Path) -> ServiceProcess:
+    settings = {
+        **FAST,
+        "commit_interval": "500ms",
+        "max_poll_records": "200",
+        "shutdown_grace": "60s",
+        "transactional_id": f"{topics.group}-r0",
+    }
+    return ServiceProcess(topics, log, **settings)
+
+
+def _apply(broker: PrivateBroker, fault: Fault) -> None:
+    if fault.kind == "kill -9":
+        broker.kill9()
+        time.sleep(fault.down_s)
+        broker.up()
+    elif fault.kind == "restart":
+        broker.down()
+        time.sleep(fault.down_s)
+        broker.up()
+    else:  # pause: the JVM stops answering, its connections stay open
+        pid = broker.pid()
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(fault.down_s)
+        os.kill(pid, signal.SIGCONT)
+
+
+def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Outcome:
+    """One run; raises AssertionError only when the harness itself failed."""
+    started = time.monotonic()
+    plan = schedule(seed, faults, service_kills)
+    outcome = Outcome(seed, plan)
+    broker = PrivateBroker(workdir / "broker")
+    broker.up()
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="tests-admin")
+        topics = replace(create_topics(admin), bootstrap=broker.bootstrap)
+        admin.close()
+        events = traffic(seed=seed, hours=3.0)
+        # the stream lasts about as long as the schedule (broker restarts take ~5 s more)
+        span_s = sum(f.after_s + f.down_s + (5 if f.kind != "pause" else 0) for f in plan)
+        producer = PacedProducer(
+            topics,
+            events,
+            per_second=max(50, int(len(events) / max(30.0, span_s))),
+            enable_idempotence=True,
+            retries=2**31 - 1,
+            max_block_ms=120_000,
+        )
+        service, probes, outages = _inflict(plan, broker, topics, workdir, outcome)
+        producer.join(600)
+        outcome.records_in, expected = expected_from_topics(topics)
+        outcome.expected = len(expected)
+        service.wait_until(
+            lambda: _published_keys(topics) >= len(expected), 300, "every window published"
+        )
+        probes.stop()
+        final = stop_and_scrape(service)
+        outcome.longest_unhealthy_s = probes.longest_unhealthy_s()
+        for down, back, must in outages:
+            if must:
+                seen = probes.during(down + 2, back)
+                outcome.unready_seen.append(
+                    any(r.startswith("broker unreachable since ") for *_, r in seen)
+                )
+        _judge(topics, expected, outcome)
+        if service_kills == 0:
+            check_counts([final], expected)  # raises with the values compared
+            outcome.counters_checked = True
+    finally:
+        broker.down(wipe=True)
+        outcome.elapsed_s = time.monotonic() - started
+    return outcome
+
+
+def _inflict(
+    plan: list[Fault], broker: PrivateBroker, topics: Topics, workdir: Path, outcome: Outcome
+) -> tuple[ServiceProcess, Probes, list[tuple[float, float, bool]]]:
+    """Start the service and apply the schedule; return the last service process, the
+    probes still reading, and the outages (down at, back at, must be unready)."""
+    lifetime = 0
+    service = _service(topics, workdir / f"service-{lifetime}.log")
+    service.wait_ready()
+    probes = Probes(service)
+    outages = []
+    for fault in plan:
+        time.sleep(fault.after_s)
+        if fault.kind == "service kill -9":
+            service.stop(signal.SIGKILL)
+            lifetime += 1
+            service = _service(topics, workdir / f"service-{lifetime}.log")
+            probes.service = service
+            continue
+        down = time.monotonic()
+        _apply(broker, fault)
+        back = time.monotonic()
+        outages.append((down, back, fault.kind != "pause" and fault.down_s >= 8))
+        assert service.process.poll() is None, service.tail()
+        service.wait_until(partial(_is_ready, service), 300, "ready again")
+        outcome.ready_again_s.append(round(time.monotonic() - back, 1))
+    return service, probes, outages
+
+
+def _judge(topics: Topics, expected: dict[str, ClosedWindow], outcome: Outcome) -> None:
+    """Lost, different and repeated window records on the windows topic."""
+    records = read_all(topics.windows, timeout_s=60, bootstrap=topics.bootstrap)
+    versions: dict[str, set[bytes]] = defaultdict(set)
+    last: dict[str, ClosedWindow] = {}
+    for r in records:
+        key = r.key.decode()
+        versions[key].add(r.value)
+        last[key] = ClosedWindow.from_record(json.loads(r.value))
+    outcome.lost = sum(1 for key, w in expected.items() if last.get(key) != w)
+    outcome.different = sum(1 for v in versions.values() if len(v) > 1)
+    outcome.repeated = len(records) - len(last)
+
+
+def _is_ready(service: ServiceProcess) -> bool:
+    return service.get("/readyz")[0] == 200
+
+
+def _published_keys(topics: Topics) -> int:
+    return len({r.key for r in read_all(topics.windows, bootstrap=topics.bootstrap)})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--faults", type=int, default=8, help="broker faults per run")
+    parser.add_argument("--first-seed", type=int, default=1)
+    args = parser.parse_args()
+    failed = 0
+    for i in range(args.runs):
+        seed = args.first_seed + i
+        kills = 2 if i % 2 else 0  # service kill -9s in half of the runs
+        with tempfile.TemporaryDirectory(prefix=f"faults-{seed}-") as tmp:
+            try:
+                outcome = run(seed, Path(tmp), args.faults, kills)
+                print(outcome.line(), flush=True)
+                failed += not outcome.passed
+            except AssertionError as error:
+                failed += 1
+                print(f"FIGURES | fault schedule seed {seed} | FAIL: {error}", flush=True)
+    print(f"{args.runs - failed} of {args.runs} runs passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

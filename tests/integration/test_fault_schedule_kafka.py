@@ -1,0 +1,35 @@
+"""A short Jepsen-style run in the suite (the long schedule: ``make fault-schedule``):
+four broker faults of mixed kinds and one service kill -9 during a live paced stream."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.integration.fault_schedule import run, schedule
+
+pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
+
+
+def test_the_schedule_is_drawn_from_the_seed_and_mixes_every_kind() -> None:
+    plan = schedule(7, faults=8, service_kills=2)
+    assert plan == schedule(7, faults=8, service_kills=2)
+    assert plan != schedule(8, faults=8, service_kills=2)
+    kinds = [f.kind for f in plan]
+    assert {k: kinds.count(k) for k in set(kinds)} == {
+        "kill -9": 3,
+        "pause": 3,
+        "restart": 2,
+        "service kill -9": 2,
+    }
+
+
+def test_a_short_fault_schedule_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    outcome = run(seed=3, workdir=tmp_path, faults=4, service_kills=1)
+    print("\n" + outcome.line())
+    assert outcome.expected > 0
+    assert outcome.lost == 0, outcome.line()
+    assert outcome.different == 0, outcome.line()
+    assert outcome.longest_unhealthy_s <= 30, outcome.line()
+    assert all(outcome.unready_seen), outcome.line()
