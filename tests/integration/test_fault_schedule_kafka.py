@@ -31,5 +31,6 @@ def test_a_short_fault_schedule_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert outcome.expected > 0
     assert outcome.lost == 0, outcome.line()
     assert outcome.different == 0, outcome.line()
+    assert outcome.late == 0, outcome.line()
     assert outcome.longest_unhealthy_s <= 30, outcome.line()
     assert all(outcome.unready_seen), outcome.line()
