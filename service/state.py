@@ -96,8 +96,9 @@ class ServiceState:
             yield
         finally:
             health.wait = None
-            health.waited_ms[what] = health.waited_ms.get(what, 0) + self.wall_ms() - since
-            self.heartbeat_ms = self.wall_ms()
+            now = self.wall_ms()
+            health.waited_ms[what] = health.waited_ms.get(what, 0) + now - since
+            self.heartbeat_ms = now
 
     def broker_seen(self, connected: bool) -> None:
         """Record whether a broker connection is up now."""

@@ -178,10 +178,10 @@ class KafkaEdge:
             with state.waiting_on_broker("commit", waits.commit_limit_ms()):
                 if self.commits.cycle(work, commit=due):
                     self._last_commit_ms = now
-            partitions = len(self.consumer.assignment())
             with state.waiting_on_broker("rebuild", waits.rebuild_limit_ms()):
                 self.commits.rebuild_if_needed()
             if now - self._last_lag_ms >= 1000:
+                partitions = len(self.consumer.assignment())
                 with state.waiting_on_broker("lag", waits.lag_limit_ms(partitions)):
                     self._update_lag()
                 self._last_lag_ms = now

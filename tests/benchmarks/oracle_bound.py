@@ -76,10 +76,11 @@ def oracle_z(
         and w.end_ms <= end - shift
         and (not concurrent or w.start_ms >= start + 300_000)  # not the switch's window
     ]
-    c, b = _mean_var(_totals(cand, metric)), _mean_var(_totals(base, metric))
+    cand_totals, base_totals = _totals(cand, metric), _totals(base, metric)
+    c, b = _mean_var(cand_totals), _mean_var(base_totals)
     if c is None or b is None:
         return None
-    nc, nb = _totals(cand, metric)[0], _totals(base, metric)[0]
+    nc, nb = cand_totals[0], base_totals[0]
     se_day = math.sqrt(c[1] / nc + b[1] / nb)
     se_known = math.sqrt(c[1] / nc)
     if se_day == 0 or se_known == 0:

@@ -59,6 +59,7 @@ from tests.integration.kafka_helpers import (
     stop_and_scrape,
     total,
     traffic,
+    windows_of,
 )
 from tests.integration.private_broker import PrivateBroker
 
@@ -271,12 +272,7 @@ def _judge(topics: Topics, expected: dict[str, ClosedWindow], outcome: Outcome) 
     """Lost, different and repeated window records on the windows topic."""
     records = _bounded(lambda: read_all(topics.windows, timeout_s=60, bootstrap=topics.bootstrap))
     assert records is not None, "reading the windows topic hung (kafka-python)"
-    versions: dict[str, set[bytes]] = defaultdict(set)
-    last: dict[str, ClosedWindow] = {}
-    for r in records:
-        key = r.key.decode()
-        versions[key].add(r.value)
-        last[key] = ClosedWindow.from_record(json.loads(r.value))
+    last, versions = windows_of(records)
     outcome.lost = sum(1 for key, w in expected.items() if last.get(key) != w)
     outcome.different = sum(1 for v in versions.values() if len(v) > 1)
     outcome.repeated = len(records) - len(last)

@@ -259,9 +259,14 @@ def expected_windows(events: list[SimEvent]) -> dict[str, ClosedWindow]:
 
 
 def published_windows(topics: Topics) -> tuple[dict[str, ClosedWindow], dict[str, set[bytes]]]:
+    return windows_of(read_all(topics.windows, bootstrap=topics.bootstrap))
+
+
+def windows_of(records: Iterable[Any]) -> tuple[dict[str, ClosedWindow], dict[str, set[bytes]]]:
+    """The last window per key of windows-topic records, and every distinct value per key."""
     last: dict[str, ClosedWindow] = {}
     versions: dict[str, set[bytes]] = defaultdict(set)
-    for record in read_all(topics.windows, bootstrap=topics.bootstrap):
+    for record in records:
         key = record.key.decode()
         versions[key].add(record.value)
         window = ClosedWindow.from_record(json.loads(record.value))
