@@ -11,6 +11,7 @@ start, with the version found and the one to install.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -64,6 +65,32 @@ async def committed_in_callback(
         partitions, timeout_ms=timeout_ms
     )
     return committed
+
+
+def partitions_for_topic(consumer: KafkaConsumer, topic: str, timeout_ms: int) -> set[int]:
+    """The partitions of ``topic`` (empty if it does not exist), or KafkaTimeoutError
+    after ``timeout_ms``. ``KafkaConsumer.partitions_for_topic`` waits for its metadata
+    fetch without a limit, and in 3.0.12 that wait was seen to last for ever after the
+    broker had restarted. The same steps as it takes, each bounded by what is left."""
+    cluster = consumer._cluster  # 3.0.x internals: ClusterMetadata, its manager and loop
+    partitions = cluster.partitions_for_topic(topic)
+    if partitions is None:
+        deadline = time.monotonic() + timeout_ms / 1000
+
+        def fetch() -> None:
+            left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+            consumer._net.run(consumer._manager.wait_for, cluster.request_update(), left_ms)
+
+        if cluster.metadata_refresh_in_progress:  # a fetch of some topics only: let it end
+            fetch()
+        stash = cluster.need_all_topic_metadata
+        cluster.need_all_topic_metadata = True
+        try:
+            fetch()
+        finally:
+            cluster.need_all_topic_metadata = stash
+        partitions = cluster.partitions_for_topic(topic)
+    return set(partitions or ())
 
 
 def broker_connected(consumer: KafkaConsumer) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.range import RangePartitionAssignor
-from kafka.errors import KafkaError, RetriableError
+from kafka.errors import KafkaError, KafkaTimeoutError, RetriableError
 
 from service.broker import compat, waits
 from service.broker.commits import COMMITTED_WAIT_MS, CommitProtocol
@@ -137,7 +137,18 @@ class KafkaEdge:
 
     def start(self) -> int:
         """Check the topics and join the group; return the partition count."""
-        counts = [self.consumer.partitions_for_topic(t) for t in self.topics]
+        try:
+            counts = [
+                compat.partitions_for_topic(self.consumer, t, waits.METADATA_WAIT_MS)
+                for t in self.topics
+            ]
+        except KafkaTimeoutError:
+            raise ConfigError(
+                f"Kafka at {self.settings.kafka_bootstrap_servers} did not describe the topics "
+                f"{' and '.join(map(repr, self.topics))} within "
+                f"{waits.METADATA_WAIT_MS // 1000} s: the broker is unreachable or overloaded; "
+                "the service exits so that its supervisor starts it again"
+            ) from None
         n = check_copartitioned(
             len(counts[0]) if counts[0] else None,
             len(counts[1]) if counts[1] else None,

@@ -33,6 +33,8 @@ import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
+from service.broker import compat
+from service.broker.waits import METADATA_WAIT_MS
 from service.state import ServiceState
 from service.stream.offsets import decode_metadata
 from service.stream.watermark import NEVER
@@ -133,7 +135,7 @@ class WindowFollower:
 
     def _assign(self) -> None:
         """Read every partition of the windows topic (none yet: it is created on first use)."""
-        found = self.consumer.partitions_for_topic(self.windows_topic) or set()
+        found = compat.partitions_for_topic(self.consumer, self.windows_topic, METADATA_WAIT_MS)
         self.tps = [TopicPartition(self.windows_topic, p) for p in sorted(found)]
         if self.tps:
             self.consumer.assign(self.tps)

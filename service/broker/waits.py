@@ -20,6 +20,9 @@ killed); the allowance is generous so that liveness never fails during an outage
 LAG_WAIT_MS = 1_000
 """The bound of one partition's position lookup for the lag."""
 
+METADATA_WAIT_MS = 30_000
+"""The bound of a topic's partition lookup (at start, and the follower's first look)."""
+
 
 def commit_limit_ms() -> int:
     """A commit cycle: the offsets and the commit (one transactional wait each), then

@@ -19,6 +19,10 @@ The oracle, once the stream ended and everything was published:
 * ``/readyz`` says ``broker unreachable since ...`` during every broker outage (a
   ``kill -9`` or a clean stop) of 8 s or more.
 
+Measured, not judged: seconds from the broker back to ``/readyz`` 200, and to the first
+window committed after it (a rise of ``retrieval_windows_published_total``, which counts
+at commit): how long the service takes to be back at work by itself.
+
 ``python -m tests.integration.fault_schedule --runs 20 --faults 8`` (``make
 fault-schedule``) prints one figures line per run; ``test_fault_schedule_kafka.py`` runs
 a short schedule in the suite.
@@ -111,6 +115,9 @@ class Outcome:
     """Per broker fault: seconds from the broker back to /readyz 200."""
     unready_seen: list[bool] = field(default_factory=list)
     """Per broker outage of 8 s or more (kill -9, restart): 'broker unreachable' seen."""
+    resumed_s: list[float | None] = field(default_factory=list)
+    """Per broker fault: seconds from the broker back to the first window committed after
+    it (None: no window was committed by the same process later)."""
     elapsed_s: float = 0.0
 
     @property
@@ -129,6 +136,11 @@ class Outcome:
             kinds[f.kind] += 1
         mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         ready = max(self.ready_again_s, default=0.0)
+        resumed = [r for r in self.resumed_s if r is not None]
+        resume = f"{max(resumed):.1f} s" if resumed else "-"
+        unmeasured = len(self.resumed_s) - len(resumed)
+        if unmeasured:
+            resume += f" ({unmeasured} not measured)"
         counters = "exact" if self.counters_checked else "not checked (service killed)"
         return (
             f"FIGURES | fault schedule seed {self.seed} | {mix} | {self.records_in} records "
@@ -137,6 +149,7 @@ class Outcome:
             f"counters {counters} | "
             f"/healthz longest non-200 {self.longest_unhealthy_s:.1f} s | "
             f"/readyz 200 again at most {ready:.1f} s after the broker | "
+            f"first window committed at most {resume} after the broker | "
             f"{'PASS' if self.passed else 'FAIL'} in {self.elapsed_s:.0f} s"
         )
 
@@ -224,6 +237,7 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
         final = stop_and_scrape(service)
         outcome.late = total(final, "retrieval_late_events_total")
         outcome.longest_unhealthy_s = probes.longest_unhealthy_s()
+        outcome.resumed_s = [probes.first_commit_after(back) for _, back, _ in outages]
         for down, back, must in outages:
             if must:
                 seen = probes.during(down + 2, back)
@@ -248,7 +262,7 @@ def _inflict(
     lifetime = 0
     service = _service(topics, workdir / f"service-{lifetime}.log")
     service.wait_ready()
-    probes = Probes(service)
+    probes = Probes(service, published=True)
     outages = []
     for fault in plan:
         time.sleep(fault.after_s)

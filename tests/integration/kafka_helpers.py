@@ -520,24 +520,48 @@ def report_figures(
 
 
 class Probes:
-    """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason)."""
+    """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason);
+    with ``published``, also ``retrieval_windows_published_total`` (time, process, value)."""
 
-    def __init__(self, service: ServiceProcess) -> None:
+    def __init__(self, service: ServiceProcess, published: bool = False) -> None:
         self.service = service  # (a test may point it at a restarted process)
         self.seen: list[tuple[float, int, int, str]] = []
+        self.published: list[tuple[float, int, float]] | None = [] if published else None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
-            health, _ = self.service.get("/healthz")
-            ready, body = self.service.get("/readyz")
+            service = self.service
+            health, _ = service.get("/healthz")
+            ready, body = service.get("/readyz")
             try:
                 reason = json.loads(body).get("reason", "") if body else ""
             except ValueError:
                 reason = ""
             self.seen.append((time.monotonic(), health, ready, reason))
+            if self.published is not None:
+                status, page = service.get("/metrics")
+                for line in page.decode(errors="replace").splitlines() if status == 200 else ():
+                    if line.startswith("retrieval_windows_published_total "):
+                        value = float(line.split()[1])
+                        self.published.append((time.monotonic(), service.process.pid, value))
+
+    def first_commit_after(self, at: float) -> float | None:
+        """Seconds from ``at`` to the first rise of the published-windows counter after it
+        (the same process before and after), or None if there was none."""
+        samples = self.published or []
+        before = [s for s in samples if s[0] <= at]
+        if not before:
+            return None
+        _, pid, value = before[-1]
+        for t, p, v in samples[len(before) :]:
+            if p != pid:
+                return None
+            if v > value:
+                return t - at
+        return None
 
     def stop(self) -> None:
         self._stop.set()

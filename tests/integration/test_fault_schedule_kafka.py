@@ -34,3 +34,6 @@ def test_a_short_fault_schedule_loses_and_repeats_nothing(tmp_path: Path) -> Non
     assert outcome.late == 0, outcome.line()
     assert outcome.longest_unhealthy_s <= 30, outcome.line()
     assert all(outcome.unready_seen), outcome.line()
+    resumed = [r for r in outcome.resumed_s if r is not None]
+    assert resumed, outcome.line()  # back at work by itself after the broker faults
+    assert max(resumed) < 120, outcome.line()

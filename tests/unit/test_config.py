@@ -117,3 +117,9 @@ def test_sasl_needs_its_three_settings_and_tls_files_must_exist() -> None:
             {"kafka_security_protocol": "SASL_PLAINTEXT", "kafka_sasl_password": "hunter2-x"}
         )
     assert "hunter2-x" not in str(caught.value)
+
+
+def test_every_client_retries_a_lost_broker_every_second_at_most() -> None:
+    """kafka-python's own default backs off to 30 s between reconnects, which would add
+    up to 25 s to the resume after a 20 s outage (docs/reliability.md quotes the bound)."""
+    assert Settings().kafka_client_config()["reconnect_backoff_max_ms"] == 1_000

@@ -1,11 +1,17 @@
-"""The kafka-python versions the Kafka edge accepts (its internals are version-specific)."""
+"""The kafka-python versions the Kafka edge accepts (its internals are version-specific),
+and the bounded waits it builds from them."""
 
 from __future__ import annotations
 
+import socket
+import time
+
 import kafka
 import pytest
+from kafka import KafkaConsumer
+from kafka.errors import KafkaTimeoutError
 
-from service.broker.compat import check_version
+from service.broker.compat import check_version, partitions_for_topic
 from service.errors import ConfigError
 
 
@@ -26,3 +32,20 @@ def test_another_version_is_refused_with_the_fix(version: str) -> None:
     message = str(raised.value)
     assert f"kafka-python {version} is installed" in message
     assert "kafka-python>=3.0.12,<3.1" in message
+
+
+def test_a_partition_lookup_gives_up_when_the_broker_never_answers() -> None:
+    """A listener that accepts connections and never answers (a paused broker): the
+    lookup raises after its bound, where kafka-python's own waits for ever."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        host, port = silent.getsockname()
+        consumer = KafkaConsumer(bootstrap_servers=f"{host}:{port}", api_version=(3, 5))
+        try:
+            started = time.monotonic()
+            with pytest.raises(KafkaTimeoutError):
+                partitions_for_topic(consumer, "retrieval.queries", timeout_ms=800)
+            assert 0.7 < time.monotonic() - started < 10
+        finally:
+            consumer.close(timeout_ms=100)
