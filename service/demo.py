@@ -24,7 +24,7 @@ from service.metrics.aggregates import merge
 from service.monitor import Monitor, MonitorConfig
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
 from service.state import ServiceState
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.windows import SliceTotals
@@ -123,11 +123,11 @@ def feed(
         with state.lock:
             while upcoming is not None and upcoming.arrival_ms <= now:
                 if upcoming.topic == "queries":
-                    event = QueryEvent.model_validate(upcoming.event)
+                    event = query_from(upcoming.event)
                     pipeline.query(0, offsets[QUERIES], event)
                     offsets[QUERIES] += 1
                 else:
-                    feedback = FeedbackEvent.model_validate(upcoming.event)
+                    feedback = feedback_from(upcoming.event)
                     pipeline.feedback(0, offsets[FEEDBACK], feedback)
                     offsets[FEEDBACK] += 1
                 upcoming = next(pending, None)

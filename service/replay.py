@@ -14,9 +14,10 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Literal, TextIO
+from typing import TextIO
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+import msgspec
+from msgspec import Struct
 
 from service.errors import EventError, InputFileError
 from service.monitor import Monitor, MonitorConfig
@@ -24,8 +25,9 @@ from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
     QueryEvent,
-    decode_feedback,
-    decode_query,
+    check,
+    feedback_from,
+    query_from,
 )
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
@@ -35,21 +37,15 @@ ADVANCE_EVERY = 2048
 """Records between watermark advances (finalisation is batched over this many)."""
 
 
-class _QueryLine(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    topic: Literal["queries"]
+class _QueryLine(Struct, tag_field="topic", tag="queries", gc=False):
     event: QueryEvent
 
 
-class _FeedbackLine(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-    topic: Literal["feedback"]
+class _FeedbackLine(Struct, tag_field="topic", tag="feedback", gc=False):
     event: FeedbackEvent
 
 
-_LINE: TypeAdapter[_QueryLine | _FeedbackLine] = TypeAdapter(
-    Annotated[_QueryLine | _FeedbackLine, Field(discriminator="topic")]
-)
+_LINE = msgspec.json.Decoder(_QueryLine | _FeedbackLine)
 
 
 class LineError(EventError):
@@ -65,13 +61,23 @@ def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
     if len(raw) > MAX_EVENT_BYTES + 64:
         raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
     try:
-        return _LINE.validate_json(raw)
-    except ValidationError:
+        line = _LINE.decode(raw)
+    except msgspec.ValidationError:
         pass
-    # Slow path, only for bad lines: find which part is wrong and why.
+    except msgspec.DecodeError:
+        raise LineError("invalid_json", "the line is not valid JSON") from None
+    else:
+        topic = QUERIES if type(line) is _QueryLine else FEEDBACK
+        try:
+            check(line.event)
+        except EventError as error:
+            raise LineError(error.reason, str(error), topic) from None
+        return line
+    # Slow path, only for bad lines (and NaN or Infinity, which Python's json.dumps
+    # writes and pydantic accepted): find which part is wrong and why.
     try:
         outer = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except ValueError:
         raise LineError("invalid_json", "the line is not valid JSON") from None
     if not isinstance(outer, dict) or outer.get("topic") not in ("queries", "feedback"):
         raise LineError(
@@ -81,10 +87,11 @@ def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
     if "event" not in outer:
         raise LineError("missing_event", 'a line needs an "event" object', topic)
     try:
-        (decode_query if topic == QUERIES else decode_feedback)(json.dumps(outer["event"]))
+        if topic == QUERIES:
+            return _QueryLine(query_from(outer["event"]))
+        return _FeedbackLine(feedback_from(outer["event"]))
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
-    raise LineError("invalid_event", "the line could not be validated", topic)
 
 
 @dataclass(slots=True)

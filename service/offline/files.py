@@ -27,12 +27,38 @@ from typing import Annotated, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
 from pydantic import Field as PydanticField
+from pydantic_core import ErrorDetails
 
 from service.errors import InputFileError
-from service.stream.events import ChunkId, NonNegativeInt, ScoredResult, field_path, primary_error
 
 Judgments = dict[str, dict[str, int]]
 """query id -> chunk id -> grade."""
+
+ChunkId = Annotated[str, StringConstraints(min_length=1, max_length=500, strict=True)]
+NonNegativeInt = Annotated[int, PydanticField(ge=0, strict=True)]
+
+
+class ScoredResult(BaseModel):
+    """A result given as an object, as in query events; the rank is the position."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    chunk_id: ChunkId
+    score: float | None = None
+
+
+_UNION_TAGS = frozenset({"constrained-str", "str", "ScoredResult"})
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A dotted field path such as ``results.3.chunk_id``, without pydantic's union tags."""
+    return ".".join(str(p) for p in loc if p not in _UNION_TAGS)
+
+
+def primary_error(error: ValidationError) -> ErrorDetails:
+    """The most specific error: for a union, the member error that got deepest into the input."""
+    errors = error.errors()
+    return max(errors, key=lambda item: len(item["loc"]))  # max keeps the first of equals
 
 
 def _int_id_as_text(value: object) -> object:

@@ -59,7 +59,7 @@ from pathlib import Path
 from service.monitor import Monitor, MonitorConfig
 from service.sim.shape import TrafficShape
 from service.sim.simulator import HYBRID_V7, SimulationConfig, generate
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
 from service.stream.windows import ClosedWindow
 from service.times import DAY_MS, HOUR_MS
 
@@ -153,9 +153,9 @@ def simulation(
 def _events(sim: SimulationConfig) -> Iterator[tuple[bool, int, QueryEvent | FeedbackEvent]]:
     for e in generate(sim):
         if e.topic == "queries":
-            yield True, e.arrival_ms, QueryEvent.model_validate(e.event)
+            yield True, e.arrival_ms, query_from(e.event)
         else:
-            yield False, e.arrival_ms, FeedbackEvent.model_validate(e.event)
+            yield False, e.arrival_ms, feedback_from(e.event)
 
 
 def run_one(

@@ -8,7 +8,7 @@ divided by the number of queries:
 
 * ``pipeline``: a :class:`~service.pipeline.Pipeline` with 4 partitions (query ids
   spread by CRC-32 as producers key them), ``max_pending_queries`` above N and a
-  one-day attribution window, fed N ``QueryEvent`` objects (``model_construct``; one
+  one-day attribution window, fed N ``QueryEvent`` objects (built directly; one
   lives at a time) with 20 results each, 2 retrievers x 3 segments, timestamps 2 ms
   apart, and no feedback, so nothing is finalised and nothing is evicted;
 * ``naive``: the same query ids in a ``dict[str, tuple[str, ...]]`` of their 20 chunk
@@ -101,7 +101,7 @@ def feed_pipeline(n: int, ids: str, corpus: list[str]) -> tuple[Any, float]:
     before = rss_bytes()
     for i, query_id in enumerate(query_ids(n, ids)):
         ts_ms = START_MS + i * SPACING_MS
-        event = QueryEvent.model_construct(
+        event = QueryEvent(
             query_id=query_id,
             timestamp=datetime.fromtimestamp(ts_ms / 1000, UTC),
             retriever=RETRIEVERS[i * 2 // n] if n > 1 else RETRIEVERS[0],

@@ -5,7 +5,7 @@ query, a deploy half-way) into a temporary directory. Each variant runs in its o
 subprocess over that file, interleaved, ``--repeat`` times:
 
 * ``bare``: read the lines and ``orjson.loads`` each (the floor for any Python consumer);
-* ``validate``: ``service.replay.decode_line`` on each line and nothing else (pydantic
+* ``validate``: ``service.replay.decode_line`` on each line and nothing else (msgspec
   validation of the tagged union), to show how much of the time validation takes;
 * ``replay``: ``service.replay.replay`` with the default ``PipelineConfig``: validation,
   the event-time join, watermarks, and the finalisation of every window through the

@@ -48,7 +48,7 @@ from typing import TypeVar
 
 from kafka.admin import KafkaAdminClient
 
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
 from tests.integration.conftest import create_topics
@@ -159,12 +159,12 @@ def expected_from_topics(topics: Topics) -> tuple[int, dict[str, ClosedWindow]]:
     queries, feedback, partition_of = [], [], {}
     n = 0
     for record in read_all(topics.queries, timeout_s=60, bootstrap=topics.bootstrap):
-        q = QueryEvent.model_validate(json.loads(record.value))
+        q = query_from(json.loads(record.value))
         queries.append(q)
         partition_of[q.query_id] = record.partition
         n += 1
     for record in read_all(topics.feedback, timeout_s=60, bootstrap=topics.bootstrap):
-        feedback.append(FeedbackEvent.model_validate(json.loads(record.value)))
+        feedback.append(feedback_from(json.loads(record.value)))
         n += 1
     return n, evaluate_event_log(queries, feedback, partition_of=partition_of)
 

@@ -30,7 +30,7 @@ from service.sim.simulator import (
     SimulationConfig,
     generate,
 )
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
@@ -252,8 +252,8 @@ def traffic(seed: int, hours: float = 1.5, queries_per_hour: float = 2400) -> li
 
 
 def expected_windows(events: list[SimEvent]) -> dict[str, ClosedWindow]:
-    queries = [QueryEvent.model_validate(e.event) for e in events if e.topic == "queries"]
-    feedback = [FeedbackEvent.model_validate(e.event) for e in events if e.topic == "feedback"]
+    queries = [query_from(e.event) for e in events if e.topic == "queries"]
+    feedback = [feedback_from(e.event) for e in events if e.topic == "feedback"]
     mapping = {q.query_id: partition_of(q.query_id) for q in queries}
     return evaluate_event_log(queries, feedback, partition_of=mapping)
 

@@ -11,7 +11,7 @@ import pytest
 from kafka.admin import KafkaAdminClient
 
 from service.metrics.aggregates import SCALE, merge
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from tests.integration.kafka_helpers import (
     FAST,
@@ -144,8 +144,8 @@ def test_simulate_to_kafka_then_run(topics: Topics, tmp_path: Path) -> None:
     assert main(["simulate", "--kafka", *common, *args]) == 0
 
     lines = [json.loads(raw) for raw in jsonl.read_text().splitlines()]
-    queries = [QueryEvent.model_validate(x["event"]) for x in lines if x["topic"] == "queries"]
-    feedback = [FeedbackEvent.model_validate(x["event"]) for x in lines if x["topic"] == "feedback"]
+    queries = [query_from(x["event"]) for x in lines if x["topic"] == "queries"]
+    feedback = [feedback_from(x["event"]) for x in lines if x["topic"] == "feedback"]
     mapping = {q.query_id: (murmur2(q.query_id.encode()) & 0x7FFFFFFF) % 4 for q in queries}
     expected = evaluate_event_log(queries, feedback, partition_of=mapping)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
 
@@ -28,9 +28,9 @@ def _events(path: Path) -> tuple[list[QueryEvent], list[FeedbackEvent]]:
     for raw in path.read_bytes().splitlines():
         line = json.loads(raw)
         if line["topic"] == "queries":
-            queries.append(QueryEvent.model_validate(line["event"]))
+            queries.append(query_from(line["event"]))
         else:
-            feedback.append(FeedbackEvent.model_validate(line["event"]))
+            feedback.append(feedback_from(line["event"]))
     return queries, feedback
 
 

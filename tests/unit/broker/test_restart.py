@@ -28,7 +28,14 @@ from service.monitor import Monitor, MonitorConfig
 from service.sim.simulator import SimulationConfig, encode, generate
 from service.state import ServiceState
 from service.stream.counters import Counts
-from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
+from service.stream.events import (
+    FeedbackEvent,
+    QueryEvent,
+    decode_feedback,
+    decode_query,
+    feedback_from,
+    query_from,
+)
 from service.stream.join import JoinConfig
 from service.stream.offsets import decode_metadata, encode_metadata
 from service.stream.pipeline import Pipeline, PipelineConfig
@@ -419,7 +426,7 @@ def q_event(query_id: str, ts_ms: int) -> QueryEvent:
         "retriever": "r",
         "results": ["a"],
     }
-    return QueryEvent.model_validate(body)
+    return query_from(body)
 
 
 def fb_event(query_id: str, ts_ms: int) -> FeedbackEvent:
@@ -429,7 +436,7 @@ def fb_event(query_id: str, ts_ms: int) -> FeedbackEvent:
         "chunk_id": "a",
         "signal": "click",
     }
-    return FeedbackEvent.model_validate(body)
+    return feedback_from(body)
 
 
 def run_small(records: Sequence[Record], cut: int | None = None) -> Outcome:

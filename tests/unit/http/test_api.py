@@ -21,7 +21,7 @@ from service.sim.simulator import (
     write_jsonl,
 )
 from service.state import ServiceState
-from service.stream.events import QueryEvent
+from service.stream.events import query_from
 from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
@@ -177,7 +177,7 @@ def test_no_data_is_no_sample_and_labels_are_capped() -> None:
     pipeline = monitor.pipeline
     pipeline.assign(0)
     for i, retriever in enumerate(["a", "b", "c", "d"]):
-        event = QueryEvent.model_validate(
+        event = query_from(
             {
                 "query_id": f"q{i}",
                 "timestamp": START // 1000 + i,

@@ -23,7 +23,7 @@ from service.sim.simulator import (
     write_jsonl,
 )
 from service.state import ServiceState
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
@@ -105,9 +105,9 @@ def test_streaming_detection_equals_detection_on_the_offline_windows(
     for line in files["bad"].read_text().splitlines():
         record = json.loads(line)
         if record["topic"] == "queries":
-            queries.append(QueryEvent.model_validate(record["event"]))
+            queries.append(query_from(record["event"]))
         else:
-            feedback.append(FeedbackEvent.model_validate(record["event"]))
+            feedback.append(feedback_from(record["event"]))
     windows = list(evaluate_event_log(queries, feedback).values())
     offline = Detector(bad.detector.config)
     offline.add(windows)
@@ -198,9 +198,9 @@ def _feed(pipeline: Pipeline, path: Path, partitions: tuple[int, ...]) -> None:
         offset = offsets.get((partition, kind), 0)
         offsets[partition, kind] = offset + 1
         if kind == 0:
-            pipeline.query(partition, offset, QueryEvent.model_validate(record["event"]))
+            pipeline.query(partition, offset, query_from(record["event"]))
         else:
-            pipeline.feedback(partition, offset, FeedbackEvent.model_validate(record["event"]))
+            pipeline.feedback(partition, offset, feedback_from(record["event"]))
 
 
 def test_a_window_confirmed_twice_counts_once(files: dict[str, Path]) -> None:

@@ -28,7 +28,14 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
+from service.stream.events import (
+    FeedbackEvent,
+    QueryEvent,
+    decode_feedback,
+    decode_query,
+    feedback_from,
+    query_from,
+)
 from service.stream.join import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
@@ -82,14 +89,14 @@ def query_event(
     }
     if context_k is not None:
         body["context_k"] = context_k
-    return QueryEvent.model_validate(body)
+    return query_from(body)
 
 
 def feedback_event(
     query_id: str, ts_ms: int, chunk_id: str, signal: str = "click", **extra: int
 ) -> FeedbackEvent:
     body = {"query_id": query_id, "timestamp": rfc3339_millis(ts_ms), "chunk_id": chunk_id}
-    return FeedbackEvent.model_validate({**body, "signal": signal, **extra})
+    return feedback_from({**body, "signal": signal, **extra})
 
 
 class Harness:
