@@ -77,6 +77,19 @@ class PendingQuery:
 WindowKey = tuple[str, str, int]
 
 
+class Held:
+    """What all the partitions of a process hold, kept as it changes (the caps are checked
+    on every record, and a sum over 64 partitions there would cost more than the record)."""
+
+    __slots__ = ("feedback", "queries")
+
+    def __init__(self) -> None:
+        self.queries = 0
+        """Pending queries."""
+        self.feedback = 0
+        """Feedback events waiting for their query."""
+
+
 class Orphan(NamedTuple):
     """Feedback waiting for its query (it may arrive first: another topic, another lag)."""
 
@@ -105,8 +118,11 @@ class PartitionStream:
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
         closed_through_ms: int = NEVER,
+        held: Held | None = None,
     ) -> None:
         self.partition = partition
+        self.held = held if held is not None else Held()
+        """The process-wide totals this partition adds to."""
         self.config = config
         self.counts = counts
         self.watermark = PartitionWatermark(
@@ -167,6 +183,7 @@ class PartitionStream:
                 waiting = self.orphans.pop(query_id, None)
                 if waiting is not None:
                     self.n_orphans -= len(waiting)
+                    self.held.feedback -= len(waiting)
             return False
         self.watermark.observe(QUERIES, ts_ms)
         if self.watermark.value > ts_ms + cfg.attribution_ms:
@@ -185,11 +202,13 @@ class PartitionStream:
         window.offsets.append(offset)
         query = PendingQuery(ts_ms, results, context_k, window)
         self.pending[query_id] = query
+        self.held.queries += 1
         if count:
             self.counts.queries[retriever, segment] += 1
         waiting = self.orphans.pop(query_id, None)
         if waiting is not None:
             self.n_orphans -= len(waiting)
+            self.held.feedback -= len(waiting)
             for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
                 applied = self._attach(query, fb_ts, chunk, grade, fb_offset)
                 if not applied and unclassified:
@@ -226,6 +245,7 @@ class PartitionStream:
         else:
             waiting.append(Orphan(ts_ms, chunk, grade, offset, unclassified))
         self.n_orphans += 1
+        self.held.feedback += 1
 
     def _attach(self, query: PendingQuery, ts_ms: int, chunk: int, grade: int, offset: int) -> bool:
         cfg = self.config
@@ -268,6 +288,7 @@ class PartitionStream:
                 del pending[query_id]
                 out.append(query)
                 self._recent[query_id] = None
+        self.held.queries -= len(out)
         end = key[2] + self.config.window_ms
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
         return out
@@ -288,6 +309,7 @@ class PartitionStream:
                 break
             orphans.popitem(last=False)
             self.n_orphans -= len(waiting)
+            self.held.feedback -= len(waiting)
             counted = sum(1 for o in waiting if o.unclassified)
             self.counts.unmatched["no_query"] += counted
         queue = self._recent_queue
@@ -315,6 +337,7 @@ class PartitionStream:
                 query = self.pending.get(query_id)
                 if query is not None and query.window is window:
                     del self.pending[query_id]
+                    self.held.queries -= 1
                     self._forget_evicted(key, window)
                     return offset
             self._forget_evicted(key, window)
@@ -337,6 +360,7 @@ class PartitionStream:
             return []
         _, waiting = self.orphans.popitem(last=False)
         self.n_orphans -= len(waiting)
+        self.held.feedback -= len(waiting)
         return waiting
 
     # -- commits -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
-from service.stream.join import JoinConfig, PartitionStream, WindowKey
+from service.stream.join import Held, JoinConfig, PartitionStream, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
@@ -76,6 +76,8 @@ class Pipeline:
         self.counts = counts if counts is not None else Counts()
         self.metric_keys = metric_keys(config.ks)
         self.streams: dict[int, PartitionStream] = {}
+        self.held = Held()
+        """Pending queries and waiting feedback over all partitions (kept by the streams)."""
         self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
         self._segment = LabelCap("segment", config.max_label_values, self.counts)
         self.sinks: list[WindowSink] = list(sinks)
@@ -97,6 +99,7 @@ class Pipeline:
         closed_through_ms: int = NEVER,
     ) -> PartitionStream:
         """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
+        self.revoke(partition)  # (a partition assigned again starts over)
         stream = PartitionStream(
             partition,
             self.config.join,
@@ -106,6 +109,7 @@ class Pipeline:
             counted_from=counted_from,
             waiting_offsets=waiting_offsets,
             closed_through_ms=closed_through_ms,
+            held=self.held,
         )
         self.streams[partition] = stream
         self._closed_through_ms = None
@@ -113,7 +117,10 @@ class Pipeline:
 
     def revoke(self, partition: int) -> None:
         """Drop a partition's state (after its closed windows were published and committed)."""
-        self.streams.pop(partition, None)
+        stream = self.streams.pop(partition, None)
+        if stream is not None:
+            self.held.queries -= len(stream.pending)
+            self.held.feedback -= stream.n_orphans
         self._closed_through_ms = None
 
     # -- records -------------------------------------------------------------------------
@@ -346,12 +353,12 @@ class Pipeline:
     @property
     def pending_queries(self) -> int:
         """Queries held in memory, all partitions."""
-        return sum(len(s.pending) for s in self.streams.values())
+        return self.held.queries
 
     @property
     def pending_feedback(self) -> int:
         """Feedback events waiting for their query, all partitions."""
-        return sum(s.n_orphans for s in self.streams.values())
+        return self.held.feedback
 
     @property
     def watermark_ms(self) -> int | None:

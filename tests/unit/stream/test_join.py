@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from service.errors import EventError
 from service.metrics.aggregates import Moments
@@ -708,3 +710,53 @@ def test_four_partitions_equal_offline_evaluation(traffic: list[Parsed]) -> None
     got = stream(interleaved(), partitions=4)
     assert {w.partition for w in got.values()} == {0, 1, 2, 3}
     assert got == expected_windows(traffic, partition_of)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            st.sampled_from(["query", "feedback", "advance", "revoke", "assign", "late"]),
+            st.integers(0, 2),  # partition
+            st.integers(0, 3),  # query number (among the queries of 8 steps)
+            st.integers(-120, 120),  # event time, seconds around the step's (a minute a step)
+        ),
+        min_size=60,
+        max_size=120,
+    )
+)
+def test_the_totals_of_pending_state_are_kept_exactly(
+    steps: list[tuple[str, int, int, int]],
+) -> None:
+    """Pending queries and waiting feedback over all partitions are counted as they change
+    (not summed per record): after any mix of records, closes, evictions at small caps,
+    late records, revocations and re-assignments they equal the sums over partitions."""
+    p = Pipeline(
+        PipelineConfig(join=JOIN, ks=KS, max_pending_queries=12, max_pending_feedback=9),
+        now_ms=Clock(NOW),
+    )
+    offsets: dict[tuple[int, int], int] = {}
+    for partition in range(3):
+        p.assign(partition)
+    for i, (kind, partition, n, jitter) in enumerate(steps):
+        ts = T0 + (60 * i + jitter) * SEC
+        if kind in ("assign", "revoke"):
+            getattr(p, kind)(partition)
+            continue
+        if partition not in p.streams:
+            p.assign(partition)
+        topic = QUERIES if kind == "query" else FEEDBACK
+        offset = offsets.setdefault((partition, topic), 0)
+        offsets[partition, topic] += 1
+        if kind == "query":
+            p.query(partition, offset, query_event(f"q{i // 8}-{n}", ts))
+        elif kind == "feedback":
+            p.feedback(partition, offset, feedback_event(f"q{i // 8}-{n}", ts, "b"))
+        elif kind == "late":
+            p.feedback(partition, offset, feedback_event(f"q{n}", ts - 3 * ATTR, "a"))
+        else:
+            p.published(p.advance())
+        assert p.pending_queries == sum(len(s.pending) for s in p.streams.values())
+        assert p.pending_feedback == sum(s.n_orphans for s in p.streams.values())
+        assert p.pending_queries <= 12
+        assert p.pending_feedback <= 9
