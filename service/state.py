@@ -29,6 +29,10 @@ class SourceHealth:
     paused: set[tuple[str, int]] = field(default_factory=set)
     """Topic partitions paused by backpressure."""
     last_poll_ms: int | None = None
+    commits: int = 0
+    """Commits that succeeded (each a transaction with the input offsets)."""
+    last_commit_ms: int | None = None
+    """Wall time of the last commit that succeeded."""
     assigned: int = 0
     deadletters: int = 0
     stopped: bool = False

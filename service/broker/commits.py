@@ -308,6 +308,9 @@ class CommitProtocol:
             failpoint("after-commit", f"{len(self.unconfirmed)} windows committed, uncounted")
         with self.lock:
             self._confirm()
+            health = self.state.health
+            health.commits += 1
+            health.last_commit_ms = self.state.wall_ms()
 
     def _confirm(self) -> None:
         """The sent windows are durable: count them (under the state lock)."""

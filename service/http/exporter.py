@@ -213,14 +213,11 @@ class PipelineCollector(Collector):
             "Feedback events waiting for their query.",
             value=p.pending_feedback,
         )
-        wm = p.watermark_ms
-        watermark = GaugeMetricFamily(
+        yield _seconds(
             "retrieval_watermark_timestamp_seconds",
             "Event-time watermark: the minimum over assigned partitions.",
+            p.watermark_ms,
         )
-        if wm is not None:
-            watermark.add_metric([], wm / 1000)
-        yield watermark
         lag = GaugeMetricFamily(
             "retrieval_consumer_lag", "Records not yet consumed.", labels=["topic", "partition"]
         )
@@ -240,22 +237,29 @@ class PipelineCollector(Collector):
             "Partitions assigned to this process.",
             value=self.health.assigned,
         )
-        last = GaugeMetricFamily(
-            "retrieval_last_poll_timestamp_seconds", "Wall-clock time of the last poll."
+        yield _seconds(
+            "retrieval_last_poll_timestamp_seconds",
+            "Wall-clock time of the last poll.",
+            self.health.last_poll_ms,
         )
-        if self.health.last_poll_ms is not None:
-            last.add_metric([], self.health.last_poll_ms / 1000)
-        yield last
+        yield CounterMetricFamily(
+            "retrieval_commits",
+            "Commits that succeeded (input offsets, with the windows sent since the last).",
+            value=self.health.commits,
+        )
+        yield _seconds(
+            "retrieval_last_commit_timestamp_seconds",
+            "Wall-clock time of the last commit that succeeded.",
+            self.health.last_commit_ms,
+        )
         yield from self._broker()
         view = self.state.view
         if view.is_global:
-            boundary = GaugeMetricFamily(
+            yield _seconds(
                 "retrieval_global_view_boundary_timestamp_seconds",
                 "Global view: every window ending at or before this is in, from all replicas.",
+                view.boundary_ms,
             )
-            if view.boundary_ms is not None:
-                boundary.add_metric([], view.boundary_ms / 1000)
-            yield boundary
             bad = CounterMetricFamily(
                 "retrieval_global_view_bad_records",
                 "Global view: records of the windows topic that were not window records "
@@ -268,13 +272,11 @@ class PipelineCollector(Collector):
                 "Global view: input partitions left out of the boundary (stalled or unowned).",
                 value=len(view.behind),
             )
-            delay = GaugeMetricFamily(
+            yield _seconds(
                 "retrieval_global_view_delay_seconds",
                 "Global view: wall time from a window's publication to its arrival in the view.",
+                view.delay_ms,
             )
-            if view.delay_ms is not None:
-                delay.add_metric([], view.delay_ms / 1000)
-            yield delay
         dead = CounterMetricFamily(
             "retrieval_deadletter_records", "Records sent to the dead-letter topic."
         )
@@ -374,6 +376,14 @@ def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[st
     for kind in TOPICS:
         family.add_metric([topics[kind]], counts.get(kind, 0))
     return family
+
+
+def _seconds(name: str, doc: str, ms: int | None) -> Metric:
+    """A gauge in seconds of a time in milliseconds; no sample while it is unknown."""
+    gauge = GaugeMetricFamily(name, doc)
+    if ms is not None:
+        gauge.add_metric([], ms / 1000)
+    return gauge
 
 
 def _by_label(name: str, doc: str, label: str, counts: Mapping[str, int]) -> Metric:

@@ -19,9 +19,10 @@ The oracle, once the stream ended and everything was published:
 * ``/readyz`` says ``broker unreachable since ...`` during every broker outage (a
   ``kill -9`` or a clean stop) of 8 s or more.
 
-Measured, not judged: seconds from the broker back to ``/readyz`` 200, and to the first
-window committed after it (a rise of ``retrieval_windows_published_total``, which counts
-at commit): how long the service takes to be back at work by itself.
+Measured, not judged: seconds from the broker back to ``/readyz`` 200, to the first
+commit after it (a rise of ``retrieval_commits_total``): how long the service takes to
+be back at work by itself, and to the first window committed (a rise of
+``retrieval_windows_published_total``, which also waits for a window to close).
 
 ``python -m tests.integration.fault_schedule --runs 20 --faults 8`` (``make
 fault-schedule``) prints one figures line per run; ``test_fault_schedule_kafka.py`` runs
@@ -116,8 +117,11 @@ class Outcome:
     unready_seen: list[bool] = field(default_factory=list)
     """Per broker outage of 8 s or more (kill -9, restart): 'broker unreachable' seen."""
     resumed_s: list[float | None] = field(default_factory=list)
+    """Per broker fault: seconds from the broker back to the first commit after it (None:
+    none by the same process, e.g. it was killed first)."""
+    windows_again_s: list[float | None] = field(default_factory=list)
     """Per broker fault: seconds from the broker back to the first window committed after
-    it (None: no window was committed by the same process later)."""
+    it; near the end of the stream this waits for a window to close by idleness."""
     elapsed_s: float = 0.0
 
     @property
@@ -136,11 +140,6 @@ class Outcome:
             kinds[f.kind] += 1
         mix = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
         ready = max(self.ready_again_s, default=0.0)
-        resumed = [r for r in self.resumed_s if r is not None]
-        resume = f"{max(resumed):.1f} s" if resumed else "-"
-        unmeasured = len(self.resumed_s) - len(resumed)
-        if unmeasured:
-            resume += f" ({unmeasured} not measured)"
         counters = "exact" if self.counters_checked else "not checked (service killed)"
         return (
             f"FIGURES | fault schedule seed {self.seed} | {mix} | {self.records_in} records "
@@ -149,9 +148,18 @@ class Outcome:
             f"counters {counters} | "
             f"/healthz longest non-200 {self.longest_unhealthy_s:.1f} s | "
             f"/readyz 200 again at most {ready:.1f} s after the broker | "
-            f"first window committed at most {resume} after the broker | "
+            f"first commit at most {_most(self.resumed_s)} after the broker, "
+            f"first window {_most(self.windows_again_s)} | "
             f"{'PASS' if self.passed else 'FAIL'} in {self.elapsed_s:.0f} s"
         )
+
+
+def _most(seconds: list[float | None]) -> str:
+    """The largest of the measured values, and how many were not measured."""
+    measured = [s for s in seconds if s is not None]
+    text = f"{max(measured):.1f} s" if measured else "-"
+    missing = len(seconds) - len(measured)
+    return text + (f" ({missing} not measured)" if missing else "")
 
 
 def expected_from_topics(topics: Topics) -> tuple[int, dict[str, ClosedWindow]]:
@@ -237,7 +245,10 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
         final = stop_and_scrape(service)
         outcome.late = total(final, "retrieval_late_events_total")
         outcome.longest_unhealthy_s = probes.longest_unhealthy_s()
-        outcome.resumed_s = [probes.first_commit_after(back) for _, back, _ in outages]
+        for _, back, _ in outages:
+            outcome.resumed_s.append(probes.first_rise_after(back, "retrieval_commits_total"))
+            windows = probes.first_rise_after(back, "retrieval_windows_published_total")
+            outcome.windows_again_s.append(windows)
         for down, back, must in outages:
             if must:
                 seen = probes.during(down + 2, back)
@@ -262,7 +273,7 @@ def _inflict(
     lifetime = 0
     service = _service(topics, workdir / f"service-{lifetime}.log")
     service.wait_ready()
-    probes = Probes(service, published=True)
+    probes = Probes(service, progress=True)
     outages = []
     for fault in plan:
         time.sleep(fault.after_s)

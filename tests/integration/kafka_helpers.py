@@ -521,15 +521,19 @@ def report_figures(
 
 class Probes:
     """Reads /healthz and /readyz twice a second in a thread: (time, healthz, readyz, reason);
-    with ``published``, also ``retrieval_windows_published_total`` (time, process, value)."""
+    with ``progress``, also the commits and the windows committed so far (``COMMITTED``)."""
 
-    def __init__(self, service: ServiceProcess, published: bool = False) -> None:
+    def __init__(self, service: ServiceProcess, progress: bool = False) -> None:
         self.service = service  # (a test may point it at a restarted process)
         self.seen: list[tuple[float, int, int, str]] = []
-        self.published: list[tuple[float, int, float]] | None = [] if published else None
+        self.progress: list[tuple[float, int, dict[str, float]]] | None = [] if progress else None
+        """(time, process id, {series: value}) for the series of ``COMMITTED``."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
+
+    COMMITTED = ("retrieval_commits_total", "retrieval_windows_published_total")
+    """Series that rise at each commit: any commit, and one that carried windows."""
 
     def _run(self) -> None:
         while not self._stop.wait(0.5):
@@ -541,25 +545,28 @@ class Probes:
             except ValueError:
                 reason = ""
             self.seen.append((time.monotonic(), health, ready, reason))
-            if self.published is not None:
+            if self.progress is not None:
                 status, page = service.get("/metrics")
+                values = {}
                 for line in page.decode(errors="replace").splitlines() if status == 200 else ():
-                    if line.startswith("retrieval_windows_published_total "):
-                        value = float(line.split()[1])
-                        self.published.append((time.monotonic(), service.process.pid, value))
+                    name, _, value = line.partition(" ")
+                    if name in self.COMMITTED:
+                        values[name] = float(value)
+                if len(values) == len(self.COMMITTED):
+                    self.progress.append((time.monotonic(), service.process.pid, values))
 
-    def first_commit_after(self, at: float) -> float | None:
-        """Seconds from ``at`` to the first rise of the published-windows counter after it
-        (the same process before and after), or None if there was none."""
-        samples = self.published or []
+    def first_rise_after(self, at: float, series: str) -> float | None:
+        """Seconds from ``at`` to the first rise of ``series`` after it (the same process
+        before and after), or None if there was none."""
+        samples = self.progress or []
         before = [s for s in samples if s[0] <= at]
         if not before:
             return None
-        _, pid, value = before[-1]
-        for t, p, v in samples[len(before) :]:
+        _, pid, values = before[-1]
+        for t, p, later in samples[len(before) :]:
             if p != pid:
                 return None
-            if v > value:
+            if later[series] > values[series]:
                 return t - at
         return None
 

@@ -379,6 +379,9 @@ def test_a_failed_transaction_is_rebuilt_from_the_last_commit(
     outcome.published = broker.windows()
     outcome.counts.append(life.pipeline.counts)
     assert broker.commits > max(broker_failures)
+    # the pipeline-health series count the commits that succeeded, not the attempts
+    assert life.protocol.state.health.commits == broker.commits - len(broker_failures)
+    assert life.protocol.state.health.last_commit_ms == NOW
     assert life.consumer.delivered > len(records)  # the partitions were read again
     assert outcome.conflicts() == {}
     assert outcome.last_per_key() == clean.last_per_key()
