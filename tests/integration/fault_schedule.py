@@ -228,12 +228,13 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
             topics,
             events,
             per_second=max(50, int(len(events) / max(30.0, span_s))),
+            dump_to=Path(tempfile.gettempdir()) / f"fault-schedule-{seed}-producer-stall.txt",
             enable_idempotence=True,
             retries=2**31 - 1,
             max_block_ms=120_000,
         )
         service, probes, outages = _inflict(plan, broker, topics, workdir, outcome)
-        producer.join(600)
+        producer.join(PacedProducer.STALL_S + 300)
         got = _bounded(lambda: expected_from_topics(topics), 240)
         assert got is not None, "reading the input topics back hung (kafka-python)"
         outcome.records_in, expected = got

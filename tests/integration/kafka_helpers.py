@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import urllib.error
 import urllib.request
 import zlib
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.errors import KafkaTimeoutError
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics.aggregates import merge
@@ -465,11 +467,21 @@ class PacedProducer:
     """Produces events in a thread at ``per_second``, so the stream is live while a test
     acts on it; ``produced`` counts what was sent (and flushed)."""
 
+    STALL_S = 300
+    """A flush that takes longer is a stall: the threads' stacks are kept, and it fails."""
+
     def __init__(
-        self, topics: Topics, events: list[SimEvent], per_second: int, **config: Any
+        self,
+        topics: Topics,
+        events: list[SimEvent],
+        per_second: int,
+        dump_to: Path | None = None,
+        **config: Any,
     ) -> None:
         self.produced = 0
         self.error: BaseException | None = None
+        self.dump_to = dump_to
+        """Where a stall writes every thread's stack (for the kafka-python bug report)."""
         self._config = config
         """More kafka-python producer settings."""
         self._thread = threading.Thread(
@@ -486,13 +498,31 @@ class PacedProducer:
             started = time.monotonic()
             for i in range(0, len(events), step):
                 send_events(producer, topics, events[i : i + step])
-                producer.flush()
+                try:
+                    producer.flush(timeout=self.STALL_S)
+                except KafkaTimeoutError:
+                    raise AssertionError(self._stalled(i)) from None
                 self.produced = min(len(events), i + step)
                 time.sleep(max(0.0, started + self.produced / per_second - time.monotonic()))
         except BaseException as error:  # reported by join()
             self.error = error
         finally:
             producer.close()
+
+    def _stalled(self, at: int) -> str:
+        """Say where the producer stalled; keep every thread's stack in ``dump_to``."""
+        stacks = "\n\n".join(
+            f"thread {ident}:\n" + "".join(traceback.format_stack(frame))
+            for ident, frame in sys._current_frames().items()
+        )
+        where = ""
+        if self.dump_to is not None:
+            self.dump_to.write_text(stacks)
+            where = f"; every thread's stack is in {self.dump_to}"
+        return (
+            f"the input producer (kafka-python) did not flush event {at} within "
+            f"{self.STALL_S} s{where}"
+        )
 
     def join(self, timeout_s: float = 300) -> None:
         self._thread.join(timeout_s)
