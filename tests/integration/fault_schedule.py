@@ -83,10 +83,12 @@ class Fault:
 
 
 def schedule(seed: int, faults: int, service_kills: int) -> list[Fault]:
-    """``faults`` broker faults, every kind at least once when there are three or more,
-    and ``service_kills`` service kills among them, in an order drawn from ``seed``."""
+    """``faults`` broker faults, every kind at least once when there are three or more
+    and the rest of kinds drawn, and ``service_kills`` service kills among them, in an
+    order drawn from ``seed``."""
     rng = random.Random(seed)
-    kinds = [BROKER_FAULTS[i % 3] for i in range(faults)]
+    kinds = list(BROKER_FAULTS[:faults])
+    kinds += [rng.choice(BROKER_FAULTS) for _ in range(faults - len(kinds))]
     rng.shuffle(kinds)
     out = [
         Fault(k, rng.uniform(3, 10), rng.choice([rng.uniform(2, 8), rng.uniform(8, 20)]))

@@ -17,12 +17,11 @@ def test_the_schedule_is_drawn_from_the_seed_and_mixes_every_kind() -> None:
     assert plan == schedule(7, faults=8, service_kills=2)
     assert plan != schedule(8, faults=8, service_kills=2)
     kinds = [f.kind for f in plan]
-    assert {k: kinds.count(k) for k in set(kinds)} == {
-        "kill -9": 3,
-        "pause": 3,
-        "restart": 2,
-        "service kill -9": 2,
-    }
+    assert len(kinds) == 10
+    assert kinds.count("service kill -9") == 2
+    assert {"kill -9", "pause", "restart"} <= set(kinds)  # every kind at least once
+    mixes = {tuple(sorted(f.kind for f in schedule(s, 8, 0))) for s in range(1, 21)}
+    assert len(mixes) > 3  # the mix itself is drawn, not fixed
 
 
 def test_a_short_fault_schedule_loses_and_repeats_nothing(tmp_path: Path) -> None:
