@@ -111,8 +111,7 @@ class Pipeline:
             closed_through_ms=closed_through_ms,
             held=self.held,
         )
-        self.streams[partition] = stream
-        self._closed_through_ms = None
+        self.streams[partition] = stream  # (revoke above forgot the closed boundary)
         return stream
 
     def revoke(self, partition: int) -> None:
