@@ -45,11 +45,11 @@ from service.times import HOUR_MS, wall_ms  # noqa: E402
 from tests.integration.kafka_helpers import (  # noqa: E402
     BOOTSTRAP,
     PARTITIONS,
-    PacedProducer,
     ServiceProcess,
     Topics,
     produce,
 )
+from tests.integration.paced_producer import PacedProducer  # noqa: E402
 
 COMMIT_INTERVAL_S = 5.0
 LIVE_HOURS = 2

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 import urllib.error
 import urllib.request
 import zlib
@@ -21,7 +20,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from kafka.errors import KafkaTimeoutError
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.metrics.aggregates import merge
@@ -97,17 +95,22 @@ def produce(
     return n
 
 
+def send_event(producer: KafkaProducer, topics: Topics, event: SimEvent) -> Any:
+    """Send one simulated event to its query id's partition (not flushed); its future."""
+    topic = topics.queries if event.topic == "queries" else topics.feedback
+    return producer.send(
+        topic,
+        key=event.key.encode(),
+        value=json.dumps(event.event).encode(),
+        partition=partition_of(event.key),
+    )
+
+
 def send_events(producer: KafkaProducer, topics: Topics, events: Iterable[SimEvent]) -> int:
     """Send simulated events co-partitioned by query id (not flushed); return the count."""
     n = 0
     for event in events:
-        topic = topics.queries if event.topic == "queries" else topics.feedback
-        producer.send(
-            topic,
-            key=event.key.encode(),
-            value=json.dumps(event.event).encode(),
-            partition=partition_of(event.key),
-        )
+        send_event(producer, topics, event)
         n += 1
     return n
 
@@ -436,8 +439,11 @@ def group_assignment(bootstrap: str, group: str) -> dict[str, dict[str, set[int]
     return out
 
 
-def check_counts(lifetimes: list[dict[Any, float]], expected: dict[str, ClosedWindow]) -> None:
-    """Counter totals summed over process lifetimes equal the offline evaluation."""
+def check_counts(
+    lifetimes: list[dict[Any, float]], expected: dict[str, ClosedWindow], duplicates: int = 0
+) -> None:
+    """Counter totals summed over process lifetimes equal the offline evaluation (and
+    ``duplicates``, the query events the input holds twice)."""
 
     def summed(name: str, **labels: str) -> float:
         return sum(total(s, name, **labels) for s in lifetimes)
@@ -445,7 +451,7 @@ def check_counts(lifetimes: list[dict[Any, float]], expected: dict[str, ClosedWi
     n_queries = sum(w.queries for w in expected.values())
     assert summed("retrieval_queries_total") == n_queries
     assert summed("retrieval_queries_finalized_total") == n_queries
-    assert summed("retrieval_duplicate_events_total") == 0
+    assert summed("retrieval_duplicate_events_total") == duplicates
     assert summed("retrieval_late_events_total") == 0
     assert summed("retrieval_windows_published_total") == len(expected)
     for retriever in ("hybrid-v7", "hybrid-v8"):
@@ -461,73 +467,6 @@ def check_windows(topics: Topics, expected: dict[str, ClosedWindow]) -> None:
     assert all(len(v) == 1 for v in versions.values()), "a key carried two records"
     records = read_all(topics.windows, bootstrap=topics.bootstrap)
     assert len(records) == len(expected), "a window was published twice"
-
-
-class PacedProducer:
-    """Produces events in a thread at ``per_second``, so the stream is live while a test
-    acts on it; ``produced`` counts what was sent (and flushed)."""
-
-    STALL_S = 300
-    """A flush that takes longer is a stall: the threads' stacks are kept, and it fails."""
-
-    def __init__(
-        self,
-        topics: Topics,
-        events: list[SimEvent],
-        per_second: int,
-        dump_to: Path | None = None,
-        **config: Any,
-    ) -> None:
-        self.produced = 0
-        self.error: BaseException | None = None
-        self.dump_to = dump_to
-        """Where a stall writes every thread's stack (for the kafka-python bug report)."""
-        self._config = config
-        """More kafka-python producer settings."""
-        self._thread = threading.Thread(
-            target=self._run, args=(topics, events, per_second), daemon=True
-        )
-        self._thread.start()
-
-    def _run(self, topics: Topics, events: list[SimEvent], per_second: int) -> None:
-        producer = KafkaProducer(
-            bootstrap_servers=topics.bootstrap, acks="all", linger_ms=5, **self._config
-        )
-        try:
-            step = max(1, per_second // 20)
-            started = time.monotonic()
-            for i in range(0, len(events), step):
-                send_events(producer, topics, events[i : i + step])
-                try:
-                    producer.flush(timeout=self.STALL_S)
-                except KafkaTimeoutError:
-                    raise AssertionError(self._stalled(i)) from None
-                self.produced = min(len(events), i + step)
-                time.sleep(max(0.0, started + self.produced / per_second - time.monotonic()))
-        except BaseException as error:  # reported by join()
-            self.error = error
-        finally:
-            producer.close()
-
-    def _stalled(self, at: int) -> str:
-        """Say where the producer stalled; keep every thread's stack in ``dump_to``."""
-        stacks = "\n\n".join(
-            f"thread {ident}:\n" + "".join(traceback.format_stack(frame))
-            for ident, frame in sys._current_frames().items()
-        )
-        where = ""
-        if self.dump_to is not None:
-            self.dump_to.write_text(stacks)
-            where = f"; every thread's stack is in {self.dump_to}"
-        return (
-            f"the input producer (kafka-python) did not flush event {at} within "
-            f"{self.STALL_S} s{where}"
-        )
-
-    def join(self, timeout_s: float = 300) -> None:
-        self._thread.join(timeout_s)
-        assert not self._thread.is_alive(), "the producer did not finish"
-        assert self.error is None, self.error
 
 
 def report_figures(

@@ -20,7 +20,6 @@ import pytest
 from service.sim.simulator import SimEvent
 from tests.integration.kafka_helpers import (
     FAST,
-    PacedProducer,
     ServiceProcess,
     Topics,
     check_counts,
@@ -35,6 +34,7 @@ from tests.integration.kafka_helpers import (
     traffic,
     wait_all_published,
 )
+from tests.integration.paced_producer import PacedProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.faults, pytest.mark.slow]
 
