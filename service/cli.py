@@ -20,9 +20,7 @@ from typing import Any
 import orjson
 
 from service import __version__
-from service.broker.produce import produce_events
 from service.config import add_settings_flags, parse_ks, settings_from_args
-from service.demo import DemoOptions, run_demo
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
 from service.metrics.ir import DEFAULT_KS, metric_keys
 from service.monitor import MonitorConfig
@@ -30,7 +28,7 @@ from service.offline.files import load_judgments, load_run
 from service.offline.golden import compare, evaluate
 from service.offline.report import find_vs_rank, render_comparison, render_evaluation
 from service.replay import replay
-from service.run import run_service
+from service.runtime import tune_gc
 from service.sim.simulator import (
     HYBRID_V7,
     HYBRID_V8,
@@ -231,10 +229,14 @@ def _add_streaming_commands(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from service.run import run_service  # noqa: PLC0415 - Kafka, only for the commands that use it
+
     return run_service(settings_from_args(args))
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from service.demo import DemoOptions, run_demo  # noqa: PLC0415 - the HTTP app, the console
+
     settings = settings_from_args(args)
     if not 0 <= args.deploy_at <= args.hours:
         raise ConfigError("--deploy-at must lie within --hours")
@@ -309,6 +311,8 @@ def _simulate(args: argparse.Namespace) -> int:
         n = write_jsonl(generate(config), args.jsonl)
         print(f"wrote {n} events to {args.jsonl}", file=sys.stderr)
         return 0
+    from service.broker.produce import produce_events  # noqa: PLC0415 - Kafka
+
     n = produce_events(settings, generate(config))
     print(
         f"produced {n} events to {settings.queries_topic} and {settings.feedback_topic}",
@@ -327,9 +331,15 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 }
 
 
+LONG_RUNNING = ("run", "replay", "demo")
+"""Commands whose state is millions of objects (see :mod:`service.runtime`)."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (argparse itself exits 2 on a bad flag)."""
     args = build_parser().parse_args(argv)
+    if argv is None and args.command in LONG_RUNNING:  # (a process of its own, not a test)
+        tune_gc()
     try:
         return HANDLERS[args.command](args)
     except RetrievalMonitorError as error:

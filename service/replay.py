@@ -33,7 +33,7 @@ from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms
 
-ADVANCE_EVERY = 2048
+ADVANCE_EVERY = 8192
 """Records between watermark advances (finalisation is batched over this many)."""
 
 

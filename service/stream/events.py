@@ -63,8 +63,11 @@ _OUT_OF_RANGE = -(1 << 62)
 """``timestamp_ms`` of epoch seconds outside years 1 to 9999 (the decoder refuses it)."""
 
 
-class ScoredResult(Struct, frozen=True, gc=False):
-    """A result given as an object; the score is informational, the rank is the position."""
+class ScoredResult(Struct, gc=False):
+    """A result given as an object; the score is informational, the rank is the position.
+
+    Not hashable (not frozen): the pipeline hashes a list of string chunk ids in one
+    call and falls back to reading ``chunk_id`` when that raises TypeError."""
 
     chunk_id: ChunkId
     score: float | None = None

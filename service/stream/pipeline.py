@@ -18,7 +18,8 @@ import numpy as np
 
 from service.errors import EventError
 from service.metrics.aggregates import aggregate_groups
-from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch, metric_keys
+from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
+from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.stream.join import Held, JoinConfig, PartitionStream, WindowKey
@@ -141,45 +142,59 @@ class Pipeline:
             )
         return None
 
-    def _admit(
-        self, stream: PartitionStream, topic: Topic, offset: int, ts_ms: int
-    ) -> tuple[bool, EventError | None]:
-        """Note a record (counted unless re-read) and apply the timestamp guard."""
-        now_ms = self.now_ms()
-        count = stream.seen(topic, offset, now_ms)
-        if count:
-            self.counts.events[topic] += 1
+    def _refused(self, topic: Topic, ts_ms: int, now_ms: int, count: bool) -> EventError | None:
+        """The timestamp guard's error for this record (counted unless re-read), if any."""
         error = self._guard(ts_ms, now_ms)
         if error is not None and count:
             self.counts.invalid[topic, error.reason] += 1
-        return count, error
+        return error
+
+    # query() and feedback() run for every record: they are written out rather than
+    # split into small helpers (each Python call costs about as much as a dict lookup)
 
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
         """Take a valid query event; return an error when the guard rejects it."""
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
-        count, error = self._admit(stream, QUERIES, offset, ts_ms)
-        if error is not None:
-            return error
-        hashes = chunk_hashes(event.results)
-        if count and len(set(hashes)) != len(hashes):
+        now_ms = self.now_ms()
+        count = stream.seen(QUERIES, offset, now_ms)
+        if count:
+            self.counts.events[QUERIES] += 1
+        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
+            error = self._refused(QUERIES, ts_ms, now_ms, count)
+            if error is not None:
+                return error
+        results = event.results
+        try:  # chunk ids given as strings (ScoredResult objects are not hashable)
+            hashes = array("q", map(hash, results))
+            repeats = count and len(set(results)) != len(results)
+        except TypeError:
+            hashes = chunk_hashes(results)
+            repeats = count and len(set(hashes)) != len(hashes)
+        if repeats:
             self.counts.duplicate_results += 1
-        retriever = self._retriever(event.retriever)
+        retriever = event.retriever
+        if retriever not in self._retriever.values:
+            retriever = self._retriever(retriever)
+        segment = event.segment
+        if segment not in self._segment.values:
+            segment = self._segment(segment)
+        context_k = event.context_k
         accepted = stream.add_query(
             offset,
             count,
             event.query_id,
             ts_ms,
             retriever,
-            self._segment(event.segment),
+            segment,
             hashes.tobytes(),
-            -1 if event.context_k is None else event.context_k,
+            -1 if context_k is None else context_k,
         )
         if accepted:
             first = self.counts.first_seen_ms.get(retriever)
             if first is None or ts_ms < first:
                 self.counts.first_seen_ms[retriever] = ts_ms
-            if self.pending_queries > self.config.max_pending_queries:  # all partitions
+            if self.held.queries > self.config.max_pending_queries:  # all partitions
                 self._evict_queries()
         return None
 
@@ -187,12 +202,17 @@ class Pipeline:
         """Take a valid feedback event; return an error when the guard rejects it."""
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
-        count, error = self._admit(stream, FEEDBACK, offset, ts_ms)
-        if error is not None:
-            return error
+        now_ms = self.now_ms()
+        count = stream.seen(FEEDBACK, offset, now_ms)
+        if count:
+            self.counts.events[FEEDBACK] += 1
+        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
+            error = self._refused(FEEDBACK, ts_ms, now_ms, count)
+            if error is not None:
+                return error
         grade = self.config.labels.grade(event)
         stream.add_feedback(offset, count, event.query_id, ts_ms, hash(event.chunk_id), grade)
-        if self.pending_feedback > self.config.max_pending_feedback:
+        if self.held.feedback > self.config.max_pending_feedback:
             self._evict_feedback()
         return None
 
@@ -263,24 +283,18 @@ class Pipeline:
     def _finalise(self, closing: list[tuple[PartitionStream, WindowKey]]) -> list[ClosedWindow]:
         if not closing:
             return []
-        rankings: list[array[int] | tuple[()]] = []
-        judgments: list[dict[int, int]] = []
+        rankings: list[bytes] = []
+        labels: list[dict[int, int] | None] = []
         context_ks: list[int] = []
         groups: list[int] = []
         for group, (stream, key) in enumerate(closing):
-            for query in stream.close(key):
-                if query.labels:
-                    ranking = array("q")
-                    ranking.frombytes(query.results)
-                    rankings.append(ranking)
-                    judgments.append(query.labels)
-                else:
-                    rankings.append(())
-                    judgments.append({})
-                context_ks.append(query.context_k)
-                groups.append(group)
+            queries = stream.close(key)
+            rankings += [q.results for q in queries]
+            labels += [q.labels for q in queries]
+            context_ks += [q.context_k for q in queries]
+            groups += [group] * len(queries)
         ks = self.config.ks
-        batch = judge_batch(rankings, judgments, context_ks, ideal_depth=max(ks))  # type: ignore[arg-type]
+        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks))
         values = compute_metrics(batch, ks)
         group_index = np.asarray(groups, dtype=np.int64)
         n = len(closing)

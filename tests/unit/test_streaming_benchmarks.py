@@ -29,7 +29,8 @@ def test_bench_replay_runs_and_every_query_is_finalised() -> None:
     assert "data: 3000 events" in out
     assert "every variant read 3000 events, none invalid, all" in out
     assert re.search(r"queries finalised in \d+ windows: True", out)
-    figure(out, "ratio replay / bare events/s")
+    figure(out, "ratio replay / bare events/s, in process")
+    figure(out, "ratio replay / bare events/s, whole processes")
     figure(out, "ratio validate-only / bare events/s")
 
 
