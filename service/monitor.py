@@ -21,7 +21,7 @@ from service.config import Settings
 from service.detect.detector import Detector
 from service.detect.model import DetectorConfig
 from service.stream.counters import Counts
-from service.stream.join import JoinConfig
+from service.stream.join_state import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows

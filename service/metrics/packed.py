@@ -27,10 +27,11 @@ def judge_packed(
     labels: Sequence[Mapping[int, int] | None],
     context_ks: Sequence[int],
     ideal_depth: int = 1000,
+    skip: int = 0,
 ) -> JudgedBatch:
-    """Join each packed ranking (native int64 chunk ids, rank order) with its grades
-    (chunk id -> grade, or None for none; grades <= 0 are not relevant); ``context_ks``
-    holds -1 where a query logged none."""
+    """Join each packed ranking (native int64 chunk ids, rank order, after ``skip``
+    bytes of something else) with its grades (chunk id -> grade, or None for none;
+    grades <= 0 are not relevant); ``context_ks`` holds -1 where a query logged none."""
     n = len(rankings)
     if len(labels) != n or len(context_ks) != n:
         raise ValueError(f"{n} rankings, {len(labels)} label sets, {len(context_ks)} context_k")
@@ -49,7 +50,7 @@ def judge_packed(
     lc = np.asarray(label_chunk, dtype=np.int64)[relevant]
     n_relevant = np.bincount(lq, minlength=n).astype(np.int64)
     ideal_q, ideal_pos, ideal_gain = _ideal(lq, lg, ideal_depth)
-    hit_q, hit_rank, hit_gain = _hits(rankings, n_relevant, lq, lc, lg)
+    hit_q, hit_rank, hit_gain = _hits(rankings, n_relevant, lq, lc, lg, skip=skip)
     return JudgedBatch(
         n_queries=n,
         hit_query=hit_q,
@@ -74,7 +75,13 @@ def _ideal(lq: IntArray, lg: IntArray, depth: int) -> tuple[IntArray, IntArray, 
 
 
 def _hits(
-    rankings: Sequence[bytes], n_relevant: IntArray, lq: IntArray, lc: IntArray, lg: IntArray
+    rankings: Sequence[bytes],
+    n_relevant: IntArray,
+    lq: IntArray,
+    lc: IntArray,
+    lg: IntArray,
+    *,
+    skip: int,
 ) -> tuple[IntArray, IntArray, IntArray]:
     """(query, first position, grade) of every relevant chunk that was retrieved, sorted
     by query then position.
@@ -85,7 +92,10 @@ def _hits(
     judged = np.flatnonzero(n_relevant)
     if len(judged) == 0:
         return _EMPTY, _EMPTY, _EMPTY
-    blobs = [rankings[i] for i in judged.tolist()]
+    if skip:
+        blobs: list[bytes | memoryview] = [memoryview(rankings[i])[skip:] for i in judged.tolist()]
+    else:
+        blobs = [rankings[i] for i in judged.tolist()]
     lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 8
     chunks = np.frombuffer(b"".join(blobs), dtype=np.int64)
     starts = np.cumsum(lengths) - lengths

@@ -8,9 +8,14 @@ raises the grade of its chunk (grades are a maximum, so duplicates are harmless)
 Feedback that comes before its query waits. A window closes, and all its queries are
 finalised together, once the watermark reaches ``window_end + attribution_window``.
 
-Memory per pending query is kept small: chunk ids are stored as 64-bit hashes packed
-in one ``bytes`` (the metrics only need equality of ids within one query; a
-collision needs two ids of the same query to share 64 hash bits). Offsets are tracked
+Memory per pending query is kept small: a pending query is one ``bytes`` value in the
+``pending`` dict, keyed by its id as UTF-8 bytes (16 bytes smaller than the ``str``).
+Its first 64-bit word says which open window holds it and when it happened
+(``window serial * window_ms + milliseconds since the window's start``), a 32-bit word
+its ``context_k``, and the chunk ids follow as 64-bit hashes (the metrics only need
+equality of ids within one query; a collision needs two ids of the same query to share
+64 hash bits): 205 bytes with 20 results, in pymalloc's 208-byte class. Its grades,
+once feedback came, are in ``labels``; its offset in its window. Offsets are tracked
 so that the caller can commit the lowest offset still needed (see ``commit_offsets``).
 """
 
@@ -19,90 +24,21 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import NamedTuple
 
 from service.stream.counters import Counts
+from service.stream.join_state import (
+    HEAD,
+    HEADER,
+    WIDE,
+    Held,
+    JoinConfig,
+    OpenWindow,
+    Orphan,
+    QueryId,
+    WindowKey,
+)
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER, PartitionWatermark
-
-
-@dataclass(frozen=True, slots=True)
-class JoinConfig:
-    """Event-time parameters in milliseconds (``idle_timeout_ms=None``: no idleness)."""
-
-    attribution_ms: int = 30 * 60_000
-    clock_skew_ms: int = 5_000
-    window_ms: int = 5 * 60_000
-    max_out_of_orderness_ms: int = 60_000
-    idle_timeout_ms: int | None = 30_000
-
-
-class OpenWindow:
-    """A window with queries not yet finalised, and the offsets needed to rebuild it."""
-
-    __slots__ = (
-        "cursor",
-        "min_fb_offset",
-        "min_q_offset",
-        "offsets",
-        "query_ids",
-        "retriever",
-        "segment",
-    )
-
-    def __init__(self, retriever: str, segment: str, first_offset: int) -> None:
-        self.retriever = retriever
-        self.segment = segment
-        self.query_ids: list[str] = []
-        self.offsets = array("q")  # the query offsets, aligned with query_ids
-        self.cursor = 0  # query_ids before it were evicted
-        self.min_q_offset = first_offset
-        self.min_fb_offset = 1 << 62
-
-
-class PendingQuery:
-    """A query waiting for its attribution window to pass."""
-
-    __slots__ = ("context_k", "labels", "results", "ts_ms", "window")
-
-    def __init__(self, ts_ms: int, results: bytes, context_k: int, window: OpenWindow) -> None:
-        self.ts_ms = ts_ms
-        self.results = results  # native int64 chunk-id hashes, rank order
-        self.context_k = context_k  # -1 when the query logged none
-        self.labels: dict[int, int] | None = None  # chunk hash -> grade
-        self.window = window
-
-
-WindowKey = tuple[str, str, int]
-
-
-class Held:
-    """What all the partitions of a process hold, kept as it changes (the caps are checked
-    on every record, and a sum over 64 partitions there would cost more than the record)."""
-
-    __slots__ = ("feedback", "queries")
-
-    def __init__(self) -> None:
-        self.queries = 0
-        """Pending queries."""
-        self.feedback = 0
-        """Feedback events waiting for their query."""
-
-
-class Orphan(NamedTuple):
-    """Feedback waiting for its query (it may arrive first: another topic, another lag)."""
-
-    ts_ms: int
-    chunk: int
-    """The chunk id's hash."""
-    grade: int
-    offset: int
-    unclassified: bool
-    """Not yet counted as matched or unmatched (listed as ``waiting`` in commits)."""
-
-
-"""Waiting feedback: (timestamp ms, chunk hash, grade, offset, still to be counted)."""
 
 
 class PartitionStream:
@@ -138,12 +74,19 @@ class PartitionStream:
         # an event but not yet classified (matched or unmatched): the commit lists it.
         self.waiting_offsets = waiting_offsets
         self.next_offset = [-1, -1]
-        self.pending: dict[str, PendingQuery] = {}
+        self.pending: dict[QueryId, bytes] = {}
+        """Pending queries: (window serial, time) in the first word, then the hashes."""
+        self.labels: dict[QueryId, dict[int, int]] = {}
+        """Grades of the pending queries that have feedback: chunk hash -> grade."""
+        self.wide_context_k: dict[QueryId, int] = {}
+        """``context_k`` of the pending queries whose value does not fit in 32 bits."""
         self.windows: dict[WindowKey, OpenWindow] = {}
-        self.orphans: OrderedDict[str, list[Orphan]] = OrderedDict()
+        self.by_serial: dict[int, OpenWindow] = {}
+        self._next_serial = 0
+        self.orphans: OrderedDict[QueryId, list[Orphan]] = OrderedDict()
         self.n_orphans = 0
-        self._recent: dict[str, None] = {}
-        self._recent_queue: deque[tuple[int, list[str]]] = deque()
+        self._recent: dict[QueryId, None] = {}
+        self._recent_queue: deque[tuple[int, list[QueryId]]] = deque()
 
     # -- records -------------------------------------------------------------------------
 
@@ -162,14 +105,18 @@ class PartitionStream:
         self,
         offset: int,
         count: bool,
-        query_id: str,
+        query_id: QueryId,
         ts_ms: int,
         retriever: str,
         segment: str,
-        results: bytes,
+        ranking: array[int],
         context_k: int,
     ) -> bool:
-        """Take a query event; return True when it was accepted (not late, not a duplicate)."""
+        """Take a query event; return True when it was accepted (not late, not a duplicate).
+
+        ``ranking`` holds the chunk-id hashes in rank order; ``context_k`` is -1 when the
+        query logged none.
+        """
         cfg = self.config
         start = ts_ms - ts_ms % cfg.window_ms
         if start + cfg.window_ms <= self.published_through_ms:
@@ -197,11 +144,21 @@ class PartitionStream:
         key = (retriever, segment, start)
         window = self.windows.get(key)
         if window is None:
-            window = self.windows[key] = OpenWindow(retriever, segment, offset)
+            serial = self._next_serial
+            self._next_serial += 1
+            window = OpenWindow(retriever, segment, start, serial, offset)
+            self.windows[key] = self.by_serial[serial] = window
         window.query_ids.append(query_id)
-        window.offsets.append(offset)
-        query = PendingQuery(ts_ms, results, context_k, window)
-        self.pending[query_id] = query
+        try:
+            window.offsets.append(offset - window.offset_base)
+        except OverflowError:  # 32 bits no longer hold it: widen this window's offsets
+            window.offsets = array("q", window.offsets)
+            window.offsets.append(offset - window.offset_base)
+        if context_k > 0x7FFFFFFF:
+            self.wide_context_k[query_id] = context_k
+            context_k = WIDE
+        head = window.serial * cfg.window_ms + ts_ms - start
+        self.pending[query_id] = HEADER.pack(head, context_k) + ranking.tobytes()
         self.held.queries += 1
         if count:
             self.counts.queries[retriever, segment] += 1
@@ -210,24 +167,29 @@ class PartitionStream:
             self.n_orphans -= len(waiting)
             self.held.feedback -= len(waiting)
             for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
-                applied = self._attach(query, fb_ts, chunk, grade, fb_offset)
+                applied = self._attach(query_id, window, ts_ms, fb_ts, chunk, grade, fb_offset)
                 if not applied and unclassified:
                     self.counts.unmatched["outside_window"] += 1
         return True
 
     def add_feedback(
-        self, offset: int, count: bool, query_id: str, ts_ms: int, chunk: int, grade: int
+        self, offset: int, count: bool, query_id: QueryId, ts_ms: int, chunk: int, grade: int
     ) -> None:
         """Take a feedback event with its grade (already mapped from its signal)."""
         cfg = self.config
         self.watermark.observe(FEEDBACK, ts_ms)
         wm = self.watermark.value
-        query = self.pending.get(query_id)
-        if query is not None:
-            if wm > query.ts_ms + cfg.attribution_ms:
+        packed = self.pending.get(query_id)
+        if packed is not None:
+            serial, since = divmod(HEAD.unpack_from(packed)[0], cfg.window_ms)
+            window = self.by_serial[serial]
+            query_ts = window.start + since
+            if wm > query_ts + cfg.attribution_ms:
                 if count:
                     self.counts.late[FEEDBACK] += 1
-            elif not self._attach(query, ts_ms, chunk, grade, offset) and count:
+            elif (
+                not self._attach(query_id, window, query_ts, ts_ms, chunk, grade, offset) and count
+            ):
                 self.counts.unmatched["outside_window"] += 1
             return
         if query_id in self._recent:
@@ -247,18 +209,33 @@ class PartitionStream:
         self.n_orphans += 1
         self.held.feedback += 1
 
-    def _attach(self, query: PendingQuery, ts_ms: int, chunk: int, grade: int, offset: int) -> bool:
+    def _attach(
+        self,
+        query_id: QueryId,
+        window: OpenWindow,
+        query_ts: int,
+        ts_ms: int,
+        chunk: int,
+        grade: int,
+        offset: int,
+    ) -> bool:
         cfg = self.config
-        if not query.ts_ms - cfg.clock_skew_ms <= ts_ms <= query.ts_ms + cfg.attribution_ms:
+        if not query_ts - cfg.clock_skew_ms <= ts_ms <= query_ts + cfg.attribution_ms:
             return False
-        labels = query.labels
+        labels = self.labels.get(query_id)
         if labels is None:
-            labels = query.labels = {}
+            labels = self.labels[query_id] = {}
         if grade > labels.get(chunk, -1):
             labels[chunk] = grade
-        window = query.window
         window.min_fb_offset = min(window.min_fb_offset, offset)
         return True
+
+    def _holds(self, packed: bytes | None, window: OpenWindow) -> bool:
+        """Whether a pending query (``packed``, or None) belongs to ``window``."""
+        return (
+            packed is not None
+            and HEAD.unpack_from(packed)[0] // self.config.window_ms == window.serial
+        )
 
     # -- time ----------------------------------------------------------------------------
 
@@ -276,22 +253,33 @@ class PartitionStream:
         limit = wm - self.config.attribution_ms - self.config.window_ms
         return sorted(key for key in self.windows if key[2] <= limit)
 
-    def close(self, key: WindowKey) -> list[PendingQuery]:
-        """Remove a closable window and return its (non-evicted) queries in arrival order."""
+    def close(self, key: WindowKey) -> tuple[list[bytes], list[dict[int, int] | None], list[int]]:
+        """Remove a closable window; return its (non-evicted) queries in arrival order:
+        packed rankings (``HEADER``, then the hashes), grades (None: no feedback), and
+        context_k (-1: none logged)."""
         window = self.windows.pop(key)
-        out: list[PendingQuery] = []
-        ids = window.query_ids[window.cursor :]
-        pending = self.pending
+        del self.by_serial[window.serial]
+        rankings: list[bytes] = []
+        grades: list[dict[int, int] | None] = []
+        context_ks: list[int] = []
+        cursor = window.cursor
+        ids = window.query_ids[cursor:]
+        pending, labels, recent = self.pending, self.labels, self._recent
         for query_id in ids:
-            query = pending.get(query_id)
-            if query is not None and query.window is window:
+            packed = pending.get(query_id)
+            if self._holds(packed, window):
                 del pending[query_id]
-                out.append(query)
-                self._recent[query_id] = None
-        self.held.queries -= len(out)
+                rankings.append(packed)  # type: ignore[arg-type]
+                grades.append(labels.pop(query_id, None))
+                context_k = HEADER.unpack_from(packed)[1]  # type: ignore[arg-type]
+                if context_k == WIDE:
+                    context_k = self.wide_context_k.pop(query_id)
+                context_ks.append(context_k)
+                recent[query_id] = None
+        self.held.queries -= len(rankings)
         end = key[2] + self.config.window_ms
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
-        return out
+        return rankings, grades, context_ks
 
     def mark_published(self, end_ms: int) -> None:
         """Windows of this partition ending at or before ``end_ms`` are published."""
@@ -332,11 +320,12 @@ class PartitionStream:
             ids = window.query_ids
             while window.cursor < len(ids):
                 query_id = ids[window.cursor]
-                offset = window.offsets[window.cursor]
+                offset = window.offset_base + window.offsets[window.cursor]
                 window.cursor += 1
-                query = self.pending.get(query_id)
-                if query is not None and query.window is window:
+                if self._holds(self.pending.get(query_id), window):
                     del self.pending[query_id]
+                    self.labels.pop(query_id, None)
+                    self.wide_context_k.pop(query_id, None)
                     self.held.queries -= 1
                     self._forget_evicted(key, window)
                     return offset
@@ -347,12 +336,13 @@ class PartitionStream:
         ids = window.query_ids
         if window.cursor >= len(ids):
             del self.windows[key]
+            del self.by_serial[window.serial]
             return
         if window.cursor >= 64 and 2 * window.cursor >= len(ids):
             del ids[: window.cursor]
             del window.offsets[: window.cursor]
             window.cursor = 0
-        window.min_q_offset = window.offsets[window.cursor]
+        window.min_q_offset = window.offset_base + window.offsets[window.cursor]
 
     def evict_feedback(self) -> list[Orphan]:
         """Drop the oldest waiting feedback of one query; return the events that went."""

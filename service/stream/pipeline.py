@@ -22,7 +22,8 @@ from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
-from service.stream.join import Held, JoinConfig, PartitionStream, WindowKey
+from service.stream.join import PartitionStream
+from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
@@ -44,9 +45,13 @@ class PipelineConfig:
     labels: LabelPolicy = field(default_factory=LabelPolicy)
 
 
-def chunk_hashes(results: Iterable[str | ScoredResult]) -> array[int]:
-    """Chunk ids as 64-bit hashes in rank order (the join only compares ids of one query)."""
-    return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
+def chunk_hashes(results: Sequence[str | ScoredResult]) -> array[int]:
+    """The chunk ids as 64-bit hashes in rank order (the join only compares ids of one
+    query)."""
+    try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
+        return array("q", map(hash, results))
+    except TypeError:
+        return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
 
 
 class WindowSink(Protocol):
@@ -165,13 +170,8 @@ class Pipeline:
             if error is not None:
                 return error
         results = event.results
-        try:  # chunk ids given as strings (ScoredResult objects are not hashable)
-            hashes = array("q", map(hash, results))
-            repeats = count and len(set(results)) != len(results)
-        except TypeError:
-            hashes = chunk_hashes(results)
-            repeats = count and len(set(hashes)) != len(hashes)
-        if repeats:
+        ranking = chunk_hashes(results)
+        if count and len(set(ranking)) != len(ranking):
             self.counts.duplicate_results += 1
         retriever = event.retriever
         if retriever not in self._retriever.values:
@@ -183,11 +183,11 @@ class Pipeline:
         accepted = stream.add_query(
             offset,
             count,
-            event.query_id,
+            event.query_id.encode(),
             ts_ms,
             retriever,
             segment,
-            hashes.tobytes(),
+            ranking,
             -1 if context_k is None else context_k,
         )
         if accepted:
@@ -211,7 +211,9 @@ class Pipeline:
             if error is not None:
                 return error
         grade = self.config.labels.grade(event)
-        stream.add_feedback(offset, count, event.query_id, ts_ms, hash(event.chunk_id), grade)
+        stream.add_feedback(
+            offset, count, event.query_id.encode(), ts_ms, hash(event.chunk_id), grade
+        )
         if self.held.feedback > self.config.max_pending_feedback:
             self._evict_feedback()
         return None
@@ -288,13 +290,13 @@ class Pipeline:
         context_ks: list[int] = []
         groups: list[int] = []
         for group, (stream, key) in enumerate(closing):
-            queries = stream.close(key)
-            rankings += [q.results for q in queries]
-            labels += [q.labels for q in queries]
-            context_ks += [q.context_k for q in queries]
-            groups += [group] * len(queries)
+            packed, grades, window_ks = stream.close(key)
+            rankings += packed
+            labels += grades
+            context_ks += window_ks
+            groups += [group] * len(packed)
         ks = self.config.ks
-        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks))
+        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=HEADER.size)
         values = compute_metrics(batch, ks)
         group_index = np.asarray(groups, dtype=np.int64)
         n = len(closing)

@@ -36,7 +36,7 @@ from service.stream.events import (
     feedback_from,
     query_from,
 )
-from service.stream.join import JoinConfig
+from service.stream.join_state import JoinConfig
 from service.stream.offsets import decode_metadata, encode_metadata
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log

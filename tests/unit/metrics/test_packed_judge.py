@@ -20,9 +20,7 @@ CHUNKS = [0, 1, -1, 7, 2**63 - 1, -(2**63), 123456789012345, -98765, 42, 5]
 
 query = st.tuples(
     st.lists(st.sampled_from(CHUNKS), max_size=25),  # results, repeats allowed
-    st.one_of(
-        st.none(), st.dictionaries(st.sampled_from(CHUNKS), st.integers(0, 3), max_size=8)
-    ),
+    st.one_of(st.none(), st.dictionaries(st.sampled_from(CHUNKS), st.integers(0, 3), max_size=8)),
     st.integers(-1, 30),  # context_k (-1: none logged)
 )
 
@@ -53,6 +51,9 @@ def test_equals_the_list_join(
         ideal_depth=depth,
     )
     assert_same(got, want)
+    # the same rankings after a 12-byte header of something else (the join's layout)
+    headed = [b"\x07" * 12 + ranking for ranking in packed]
+    assert_same(judge_packed(headed, labels, ks, ideal_depth=depth, skip=12), want)
     ks_within = [k for k in DEFAULT_KS if k <= depth]
     for key, values in compute_metrics(got, ks_within).items():
         np.testing.assert_array_equal(values, compute_metrics(want, ks_within)[key], key)

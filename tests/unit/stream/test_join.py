@@ -38,7 +38,7 @@ from service.stream.events import (
     feedback_from,
     query_from,
 )
-from service.stream.join import JoinConfig
+from service.stream.join_state import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
 from service.stream.topics import FEEDBACK, QUERIES
@@ -305,7 +305,7 @@ def test_late_query_is_counted_and_not_applied() -> None:
     assert watermark == T0 + WINDOW + ATTR
     h.q("late", T0 + 30 * SEC)  # ts + attribution < watermark
     assert h.p.counts.late == Counter({QUERIES: 1})
-    assert "late" not in h.p.streams[0].pending
+    assert b"late" not in h.p.streams[0].pending
     h.q("not-late", watermark - ATTR)  # ts + attribution == watermark: not yet final
     assert h.p.counts.late == Counter({QUERIES: 1})
     assert h.p.counts.queries[("r1", "default")] == 2  # q1 and not-late
@@ -419,7 +419,7 @@ def test_pending_query_cap_evicts_the_oldest_queries() -> None:
             h.fb(f"q{i}", T0 + i * SEC + 1, "a")
     assert h.p.counts.evicted == Counter({"query": 2})
     assert h.p.pending_queries == 3
-    assert set(h.p.streams[0].pending) == {"q2", "q3", "q4"}
+    assert set(h.p.streams[0].pending) == {b"q2", b"q3", b"q4"}
     [w] = h.finish()
     assert (w.queries, w.labelled) == (3, 0)
 
