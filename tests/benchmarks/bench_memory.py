@@ -22,8 +22,9 @@ each variant also runs once under ``tracemalloc`` at N queries: bytes that Pytho
 allocated, without allocator rounding and fragmentation. The pipeline variant also
 breaks its state down per object with ``sys.getsizeof``.
 
-The figure of merit is the pipeline's bytes per pending query (target < 350, issue 16; it was < 500), and its
-ratio to the naive design's. Not a test: figures, not assertions.
+The figure of merit is the pipeline's bytes per pending query (target < 350 since issue
+16, < 500 before), and its ratio to the naive design's. Not a test: figures, not
+assertions.
 
     python tests/benchmarks/bench_memory.py [--queries 1000000] [--repeat 3] [--ids uuid|sim]
 """

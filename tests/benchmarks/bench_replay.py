@@ -20,10 +20,11 @@ and, timed from the outside as whole processes (startup included, as a user runs
 
 The figures of merit are replay events/s / bare events/s, in process and as whole
 processes (issue 16's target: >= 0.25 as whole processes on at least 600,000 events).
-``--profile`` also prints a cProfile of one replay (top functions by own time). Not a
-test: figures, not assertions.
+``--breakdown`` also prints where replay's time goes (us per event), ``--profile`` a
+cProfile of one replay (top functions by own time). Not a test: figures, not
+assertions.
 
-    python tests/benchmarks/bench_replay.py [--events 600000] [--repeat 3] [--profile]
+    python tests/benchmarks/bench_replay.py [--events 600000] [--repeat 3] [--breakdown] [--profile]
 """
 
 from __future__ import annotations
@@ -139,6 +140,51 @@ def profile(path: Path, now_ms: int, top: int = 20) -> None:
     stats.strip_dirs().sort_stats("tottime").print_stats(top)
 
 
+def breakdown(path: Path, now_ms: int) -> dict[str, float]:
+    """Where one replay's time goes, in us per event, measured in this process (GC tuned
+    as the command line does): reading and decoding the lines (a pass of its own), the
+    finalisation of closed windows (``Pipeline.advance``), taking them in (counters,
+    rolling views, the detector: ``Pipeline.published``), and the rest of the replay
+    (the per-record join and bookkeeping, and the loop) by difference."""
+    from service.monitor import MonitorConfig
+    from service.replay import decode_line, replay
+    from service.runtime import tune_gc
+    from service.stream.pipeline import Pipeline
+
+    tune_gc()
+    spent = {"advance": 0.0, "published": 0.0}
+
+    def timed(name: str) -> None:
+        original = getattr(Pipeline, name)
+
+        def wrapper(self: Pipeline, *args: object) -> object:
+            start = time.perf_counter()
+            try:
+                return original(self, *args)
+            finally:
+                spent[name] += time.perf_counter() - start
+
+        setattr(Pipeline, name, wrapper)
+
+    timed("advance")
+    timed("published")
+    start = time.perf_counter()
+    with open(path, "rb") as lines:
+        n = sum(1 for raw in lines if raw.strip() and decode_line(raw))
+    decode_s = time.perf_counter() - start
+    start = time.perf_counter()
+    replay([str(path)], MonitorConfig(), lambda _: None, now_ms=lambda: now_ms)
+    total_s = time.perf_counter() - start
+    rest_s = total_s - decode_s - spent["advance"] - spent["published"]
+    return {
+        "read and decode": 1e6 * decode_s / n,
+        "join and bookkeeping, the loop": 1e6 * rest_s / n,
+        "finalisation (advance)": 1e6 * spent["advance"] / n,
+        "taking windows in (published)": 1e6 * spent["published"] / n,
+        "replay in all": 1e6 * total_s / n,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,7 +192,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=600_000)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="also cProfile one replay")
-    parser.add_argument("--variant", choices=(*VARIANTS, "profile"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also where replay's time goes, us per event"
+    )
+    parser.add_argument(
+        "--variant", choices=(*VARIANTS, "profile", "breakdown"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--now-ms", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -154,6 +205,9 @@ def main() -> None:
         parser.error("--events and --repeat must be positive")
     if args.variant == "profile":
         profile(args.file, args.now_ms)
+        return
+    if args.variant == "breakdown":
+        print(json.dumps(breakdown(args.file, args.now_ms)))
         return
     if args.variant:
         print(json.dumps(run_variant(args.variant, args.file, args.now_ms)))
@@ -198,6 +252,11 @@ def main() -> None:
                 seconds = time.perf_counter() - start
                 figures[variant].append({"seconds": seconds, "events": n})
         report(figures, n, counts)
+        if args.breakdown:
+            out = subprocess.run(child("breakdown"), capture_output=True, text=True, check=True)
+            print("\nwhere replay's time goes (us per event, one run):")
+            for part, us in json.loads(out.stdout).items():
+                print(f"  {part:<32} {us:6.2f}")
         if args.profile:
             print("\ncProfile of one replay (own time):")
             sys.stdout.flush()

@@ -25,13 +25,23 @@ def _run(script: str, *args: str) -> str:
 
 
 def test_bench_replay_runs_and_every_query_is_finalised() -> None:
-    out = _run("bench_replay.py", "--events", "3000", "--repeat", "1")
+    out = _run("bench_replay.py", "--events", "3000", "--repeat", "1", "--breakdown")
     assert "data: 3000 events" in out
     assert "every variant read 3000 events, none invalid, all" in out
     assert re.search(r"queries finalised in \d+ windows: True", out)
     figure(out, "ratio replay / bare events/s, in process")
     figure(out, "ratio replay / bare events/s, whole processes")
     figure(out, "ratio validate-only / bare events/s")
+    parts = [
+        figure(out, part)
+        for part in (
+            "read and decode",
+            "join and bookkeeping, the loop",
+            "finalisation (advance)",
+            "taking windows in (published)",
+        )
+    ]
+    assert abs(sum(parts) - figure(out, "replay in all")) < 0.05  # (rounded to 0.01 each)
 
 
 @pytest.mark.slow
