@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -229,6 +230,7 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
     outcome = Outcome(seed, plan)
     broker = PrivateBroker(workdir / "broker")
     broker.up()
+    failed = True  # until the run got to its end
     try:
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="tests-admin")
         topics = replace(create_topics(admin), bootstrap=broker.bootstrap)
@@ -279,10 +281,25 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
             # raises with the values compared
             check_counts([final], expected, outcome.repeated_queries)
             outcome.counters_checked = True
+        failed = not outcome.passed
     finally:
+        if failed:
+            _keep_logs(seed, workdir, broker)
         broker.down(wipe=True)
         outcome.elapsed_s = time.monotonic() - started
     return outcome
+
+
+def _keep_logs(seed: int, workdir: Path, broker: PrivateBroker) -> None:
+    """Keep a failed run's service logs and the broker's logs (its data is wiped)."""
+    kept = Path(tempfile.gettempdir()) / f"fault-schedule-{seed}-logs"
+    shutil.rmtree(kept, ignore_errors=True)
+    kept.mkdir(parents=True)
+    for log in workdir.glob("service-*.log"):
+        shutil.copy(log, kept / log.name)
+    if (broker.state_dir / "logs").is_dir():
+        shutil.copytree(broker.state_dir / "logs", kept / "broker-logs")
+    print(f"(the logs of seed {seed} are kept in {kept})", file=sys.stderr, flush=True)
 
 
 def _inflict(
@@ -352,11 +369,16 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--faults", type=int, default=8, help="broker faults per run")
     parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument(
+        "--service-kills",
+        type=int,
+        help="service kill -9s in every run (default: 2 in every second run, 0 in the others)",
+    )
     args = parser.parse_args()
     failed = 0
     for i in range(args.runs):
         seed = args.first_seed + i
-        kills = 2 if i % 2 else 0  # service kill -9s in half of the runs
+        kills = args.service_kills if args.service_kills is not None else 2 if i % 2 else 0
         with tempfile.TemporaryDirectory(prefix=f"faults-{seed}-") as tmp:
             try:
                 outcome = run(seed, Path(tmp), args.faults, kills)
