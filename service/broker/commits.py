@@ -54,10 +54,6 @@ COMMITTED_WAIT_MS = 30_000
 """How long fetching the committed offsets of every assigned partition may take before it
 is retried later (one budget for all of them, not one each)."""
 
-FENCE_AFTER_S = 45.0
-"""Committed offsets unfetchable this long while the broker answers: the producer is
-replaced with the same transactional id (see :meth:`CommitProtocol._fence_if_stuck`)."""
-
 
 class Consumer(Protocol):
     """What the protocol needs of the consumer (kafka-python's ``KafkaConsumer``)."""
@@ -107,8 +103,6 @@ class CommitProtocol:
         self.started: dict[int, dict[Topic, int]] = {}
         """Per partition taken over, the offsets it started reading from (per topic)."""
         self._needs_rebuild = False
-        self._stuck_since: float | None = None
-        """When fetching committed offsets for a rebuild began to fail (monotonic s)."""
         self._rebuild_lock = threading.Lock()
         """Guards the rebuild decision, which callbacks and the loop both make."""
 
@@ -162,44 +156,9 @@ class CommitProtocol:
             committed = self._committed(tps)
         except KafkaError as error:
             log.warning("fetching the committed offsets failed (%s); retrying", error)
-            self._fence_if_stuck()
             self._rebuild_later()
             return
-        self._stuck_since = None
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
-
-    def _fence_if_stuck(self) -> None:
-        """Replace the producer when committed offsets stay unfetchable while the broker
-        answers.
-
-        The broker answers a read_committed fetch of the group's offsets with
-        UNSTABLE_OFFSET_COMMIT while a transaction that committed offsets is open, and
-        kafka-python retries until the wait ends. The transaction coordinator ends an
-        abandoned transaction after ``transaction.timeout.ms`` (60 s here), but once, in
-        20 runs of the fault schedule, the offsets stayed unstable for more than 5
-        minutes after a broker fault. A new producer with the same transactional id
-        makes the coordinator end whatever transaction of this id is still open (the
-        known way out of a hanging transaction); it costs one ``init_transactions``.
-        Offsets held by another replica's transaction are that replica's to settle.
-        """
-        now = time.monotonic()
-        if self._stuck_since is None:
-            self._stuck_since = now
-            return
-        waited = now - self._stuck_since
-        if waited < FENCE_AFTER_S or not self.state.health.broker_connected:
-            return
-        log.warning(
-            "committed offsets not fetchable for %.0f s with the broker up (a transaction "
-            "left open?); replacing the producer to end it",
-            waited,
-        )
-        try:
-            with self.producer_lock:
-                self.publisher.fence()
-        except KafkaError as error:
-            log.warning("replacing the producer failed (%s); retrying later", error)
-        self._stuck_since = time.monotonic()
 
     def _committed(self, tps: Iterable[Any]) -> dict[Any, Any]:
         """The committed offsets of ``tps``, all within ``COMMITTED_WAIT_MS``."""

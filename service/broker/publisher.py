@@ -237,10 +237,6 @@ class Publisher(ABC):
     def abort(self) -> None:
         """Take back what was sent since the last commit, where that is possible."""
 
-    @abstractmethod
-    def fence(self) -> None:
-        """End, on the broker, any transaction this publisher's id left open."""
-
     def close(self) -> None:
         """Abort what is open and close the producer."""
         self.abort()
@@ -268,9 +264,6 @@ class AtLeastOncePublisher(Publisher):
 
     def abort(self) -> None:
         """Nothing to take back: sent records are out."""
-
-    def fence(self) -> None:
-        """No transactions: nothing can be left open."""
 
 
 class TransactionalPublisher(Publisher):
@@ -335,13 +328,6 @@ class TransactionalPublisher(Publisher):
                 return
             except (KafkaError, CommitError) as error:  # fenced, closed, or stuck
                 log.warning("abort_transaction failed (%s); replacing the producer", error)
-        self._unanswered = False
-        self._replace()
-
-    def fence(self) -> None:
-        """Replace the producer: its ``init_transactions`` makes the coordinator end any
-        transaction of this transactional id that is still open (:meth:`_replace`)."""
-        self._open = False
         self._unanswered = False
         self._replace()
 

@@ -37,10 +37,8 @@ def poll_limit_ms(settings: Settings) -> int:
 
 
 def rebuild_limit_ms() -> int:
-    """The committed offsets of every assigned partition fetched (one budget for all, plus
-    a margin for the last fetch's overrun), then, when they stayed unfetchable, a producer
-    replaced (retried for ``REPLACE_WAIT_S``, each try bounded by ``max_block_ms``)."""
-    return COMMITTED_WAIT_MS + LAG_WAIT_MS + int(REPLACE_WAIT_S * 1000) + PRODUCER_MAX_BLOCK_MS
+    """The committed offsets of every assigned partition fetched (one budget for all)."""
+    return COMMITTED_WAIT_MS + LAG_WAIT_MS  # (+ a margin for the last fetch's overrun)
 
 
 def lag_limit_ms(partitions: int) -> int:
