@@ -231,6 +231,7 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
     broker = PrivateBroker(workdir / "broker")
     broker.up()
     failed = True  # until the run got to its end
+    services: list[ServiceProcess] = []
     try:
         admin = KafkaAdminClient(bootstrap_servers=broker.bootstrap, client_id="tests-admin")
         topics = replace(create_topics(admin), bootstrap=broker.bootstrap)
@@ -252,7 +253,7 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
             delivery_timeout_ms=50_000,
             max_block_ms=30_000,
         )
-        service, probes, outages = _inflict(plan, broker, topics, workdir, outcome)
+        service, probes, outages = _inflict(plan, broker, topics, workdir, outcome, services)
         producer.join(PacedProducer.GIVE_UP_S + 60)
         outcome.resent, outcome.stalls = producer.resent, producer.stalls
         got = _bounded(lambda: expected_from_topics(topics), 240)
@@ -283,6 +284,10 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
             outcome.counters_checked = True
         failed = not outcome.passed
     finally:
+        for process in services:  # (a failed run leaves its last one running)
+            if process.process.poll() is None:
+                process.process.kill()
+                process.process.wait()
         if failed:
             _keep_logs(seed, workdir, broker)
         broker.down(wipe=True)
@@ -303,12 +308,19 @@ def _keep_logs(seed: int, workdir: Path, broker: PrivateBroker) -> None:
 
 
 def _inflict(
-    plan: list[Fault], broker: PrivateBroker, topics: Topics, workdir: Path, outcome: Outcome
+    plan: list[Fault],
+    broker: PrivateBroker,
+    topics: Topics,
+    workdir: Path,
+    outcome: Outcome,
+    started: list[ServiceProcess],
 ) -> tuple[ServiceProcess, Probes, list[tuple[float, float, bool]]]:
     """Start the service and apply the schedule; return the last service process, the
-    probes still reading, and the outages (down at, back at, must be unready)."""
+    probes still reading, and the outages (down at, back at, must be unready). Every
+    process started is added to ``started``."""
     lifetime = 0
     service = _service(topics, workdir / f"service-{lifetime}.log")
+    started.append(service)
     service.wait_ready()
     probes = Probes(service, progress=True)
     outages = []
@@ -318,6 +330,7 @@ def _inflict(
             service.stop(signal.SIGKILL)
             lifetime += 1
             service = _service(topics, workdir / f"service-{lifetime}.log")
+            started.append(service)
             probes.service = service
             continue
         down = time.monotonic()
