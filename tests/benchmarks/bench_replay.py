@@ -146,8 +146,6 @@ def breakdown(path: Path, now_ms: int) -> dict[str, float]:
     finalisation of closed windows (``Pipeline.advance``), taking them in (counters,
     rolling views, the detector: ``Pipeline.published``), and the rest of the replay
     (the per-record join and bookkeeping, and the loop) by difference."""
-    from service.monitor import MonitorConfig
-    from service.replay import decode_line, replay
     from service.stream.pipeline import Pipeline
 
     try:  # (absent in a tree from before issue 16, measured for the "before" figures)
@@ -172,13 +170,9 @@ def breakdown(path: Path, now_ms: int) -> dict[str, float]:
 
     timed("advance")
     timed("published")
-    start = time.perf_counter()
-    with open(path, "rb") as lines:
-        n = sum(1 for raw in lines if raw.strip() and decode_line(raw))
-    decode_s = time.perf_counter() - start
-    start = time.perf_counter()
-    replay([str(path)], MonitorConfig(), lambda _: None, now_ms=lambda: now_ms)
-    total_s = time.perf_counter() - start
+    decoded = run_variant("validate", path, now_ms)
+    n, decode_s = decoded["events"], decoded["seconds"]
+    total_s = run_variant("replay", path, now_ms)["seconds"]
     rest_s = total_s - decode_s - spent["advance"] - spent["published"]
     return {
         "read and decode": 1e6 * decode_s / n,
