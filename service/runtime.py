@@ -9,8 +9,8 @@ GC_THRESHOLDS = (50_000, 20, 20)
 
 The pending state is millions of small tracked objects that live for minutes, so the
 default thresholds collect the young generation every few hundred records and
-traverse the same survivors again and again: about 2 us of every query event's 6
-(measured by ``tests/benchmarks/bench_replay.py``). Full collections are still paced
+traverse the same survivors again and again (``tests/benchmarks/bench_replay.py
+--breakdown`` measures replay with these settings). Full collections are still paced
 by CPython's own rule (only when the survivors grew by a quarter).
 """
 
