@@ -40,6 +40,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from service.broker.failpoints import failpoint
+from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
 from service.broker.publisher import CommitError, Publisher
 from service.state import ServiceState
 from service.stream.offsets import commit_plan, restart_from
@@ -86,6 +87,7 @@ class CommitProtocol:
         publisher: Publisher,
         consumer: Consumer,
         topics: tuple[str, str],
+        hanging: HangingOffsets | None = None,
     ) -> None:
         self.state = state
         self.pipeline = state.pipeline
@@ -105,6 +107,8 @@ class CommitProtocol:
         self._needs_rebuild = False
         self._rebuild_lock = threading.Lock()
         """Guards the rebuild decision, which callbacks and the loop both make."""
+        self.hanging = hanging
+        """Settles offsets left unstable by a skipped transaction marker (transactional)."""
 
     # -- the loop (main thread) ---------------------------------------------------------------
 
@@ -156,9 +160,36 @@ class CommitProtocol:
             committed = self._committed(tps)
         except KafkaError as error:
             log.warning("fetching the committed offsets failed (%s); retrying", error)
+            self._settle_hanging(tps, error)
             self._rebuild_later()
             return
+        if self.hanging is not None:
+            self.hanging.settled()
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
+
+    def _settle_hanging(self, tps: set[Any], error: Exception) -> None:
+        """Commit the last committed offsets again when a skipped transaction marker left
+        them unstable for good (:mod:`service.broker.hanging`)."""
+        if self.hanging is None or not self.publisher.transactional:
+            return
+        offsets = self.hanging.to_settle(tps, error)
+        if not offsets:
+            return
+        log.warning(
+            "the committed offsets have stayed unstable for %.0f s while the broker answers: "
+            "a transaction without its marker on the offsets partition (docs/runbook.md); "
+            "committing the last committed offsets of %d partitions again to settle it",
+            SETTLE_AFTER_S,
+            len(offsets),
+        )
+        with self.producer_lock:
+            try:
+                self.publisher.commit(offsets, self.consumer)
+            except BROKER_ERRORS as failed:
+                log.warning("settling the offsets failed (%s); retrying later", failed)
+                self.publisher.abort()
+                return
+        self.hanging.settled()
 
     def _committed(self, tps: Iterable[Any]) -> dict[Any, Any]:
         """The committed offsets of ``tps``, all within ``COMMITTED_WAIT_MS``."""

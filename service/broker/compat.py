@@ -17,6 +17,8 @@ from typing import Any, Protocol
 
 import kafka
 from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import CoordinatorNotAvailableError, KafkaTimeoutError
+from kafka.protocol.consumer import OffsetFetchRequest
 
 from service.errors import ConfigError
 
@@ -65,6 +67,66 @@ async def committed_in_callback(
         partitions, timeout_ms=timeout_ms
     )
     return committed
+
+
+def last_committed(
+    consumer: KafkaConsumer, partitions: set[Any], timeout_ms: int
+) -> dict[Any, Any]:
+    """The last committed offsets (with metadata) of ``partitions``, leaving out offsets
+    committed in transactions that have no marker yet, or KafkaTimeoutError after
+    ``timeout_ms``.
+
+    A ``read_committed`` consumer's fetch asks the broker for stable offsets only
+    (``require_stable``), and the broker answers ``UNSTABLE_OFFSET_COMMIT`` while any
+    transaction that committed offsets of the partition has no marker on the offsets
+    partition, for as long as that lasts (for ever when the broker skipped the marker:
+    :meth:`~service.broker.commits.CommitProtocol.rebuild_if_needed`). This is the same
+    request without ``require_stable``: the broker answers with what is committed.
+    """
+    coordinator = consumer._coordinator  # 3.0.x internals: the coordinator, its manager
+    manager = coordinator._manager
+    if not partitions:
+        return {}
+    by_topic: dict[str, list[int]] = {}
+    for tp in partitions:
+        by_topic.setdefault(tp.topic, []).append(tp.partition)
+
+    async def fetch() -> dict[Any, Any]:
+        if not await coordinator.ensure_coordinator_ready_async(timeout_ms=timeout_ms):
+            raise KafkaTimeoutError(f"no group coordinator within {timeout_ms} ms")
+        node_id = coordinator.coordinator()
+        if node_id is None:
+            raise CoordinatorNotAvailableError()
+        group = OffsetFetchRequest.OffsetFetchRequestGroup
+        request = OffsetFetchRequest(
+            group_id=coordinator.group_id,
+            topics=[
+                OffsetFetchRequest.OffsetFetchRequestTopic(name=t, partition_indexes=p)
+                for t, p in by_topic.items()
+            ],
+            groups=[
+                group(
+                    group_id=coordinator.group_id,
+                    topics=[
+                        group.OffsetFetchRequestTopics(name=t, partition_indexes=p)
+                        for t, p in by_topic.items()
+                    ],
+                )
+            ],
+            require_stable=False,
+            min_version=0,
+            max_version=8,
+        )
+        response = await manager.send(request, node_id=node_id)
+        offsets: dict[Any, Any] = coordinator._handle_offset_fetch_response(response)
+        return offsets
+
+    async def bounded() -> dict[Any, Any]:
+        found: dict[Any, Any] = await manager.wait_for(manager.call_soon(fetch), timeout_ms)
+        return found
+
+    found: dict[Any, Any] = consumer._net.run(bounded)
+    return found
 
 
 def partitions_for_topic(consumer: KafkaConsumer, topic: str, timeout_ms: int) -> set[int]:

@@ -26,6 +26,7 @@ from kafka.errors import KafkaError, KafkaTimeoutError, RetriableError
 
 from service.broker import compat, waits
 from service.broker.commits import COMMITTED_WAIT_MS, CommitProtocol
+from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
@@ -129,7 +130,14 @@ class KafkaEdge:
                 "check --kafka-bootstrap-servers and the --kafka-security-* / "
                 "--kafka-ssl-* / --kafka-sasl-* settings (the broker's log names the cause)"
             ) from None
-        self.commits = CommitProtocol(state, publisher, self.consumer, self.topics)
+        consumer = self.consumer
+        self.commits = CommitProtocol(
+            state,
+            publisher,
+            consumer,
+            self.topics,
+            HangingOffsets(lambda tps, wait_ms: compat.last_committed(consumer, tps, wait_ms)),
+        )
         self._last_commit_ms = 0
         self._last_lag_ms = 0
 

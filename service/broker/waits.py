@@ -9,6 +9,7 @@ allowance (a test holds ``deploy/kubernetes`` against :func:`longest_wait_ms`).
 from __future__ import annotations
 
 from service.broker.commits import COMMITTED_WAIT_MS
+from service.broker.hanging import LAST_COMMITTED_WAIT_MS
 from service.broker.publisher import PRODUCER_MAX_BLOCK_MS, REPLACE_WAIT_S, TRANSACTION_WAIT_MS
 from service.config import Settings
 
@@ -37,8 +38,11 @@ def poll_limit_ms(settings: Settings) -> int:
 
 
 def rebuild_limit_ms() -> int:
-    """The committed offsets of every assigned partition fetched (one budget for all)."""
-    return COMMITTED_WAIT_MS + LAG_WAIT_MS  # (+ a margin for the last fetch's overrun)
+    """The committed offsets of every assigned partition fetched (one budget for all);
+    when they stay unstable, the last committed ones fetched and committed again
+    (:mod:`service.broker.hanging`)."""
+    settle = LAST_COMMITTED_WAIT_MS + commit_limit_ms()
+    return COMMITTED_WAIT_MS + settle + LAG_WAIT_MS  # (+ a margin for the last overrun)
 
 
 def lag_limit_ms(partitions: int) -> int:

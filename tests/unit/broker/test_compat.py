@@ -8,10 +8,10 @@ import time
 
 import kafka
 import pytest
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from service.broker.compat import check_version, partitions_for_topic
+from service.broker.compat import check_version, last_committed, partitions_for_topic
 from service.errors import ConfigError
 
 
@@ -46,6 +46,23 @@ def test_a_partition_lookup_gives_up_when_the_broker_never_answers() -> None:
             started = time.monotonic()
             with pytest.raises(KafkaTimeoutError):
                 partitions_for_topic(consumer, "retrieval.queries", timeout_ms=800)
+            assert 0.7 < time.monotonic() - started < 10
+        finally:
+            consumer.close(timeout_ms=100)
+
+
+def test_a_last_committed_fetch_gives_up_when_the_broker_never_answers() -> None:
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        host, port = silent.getsockname()
+        consumer = KafkaConsumer(
+            bootstrap_servers=f"{host}:{port}", api_version=(3, 5), group_id="g"
+        )
+        try:
+            started = time.monotonic()
+            with pytest.raises(KafkaTimeoutError):
+                last_committed(consumer, {TopicPartition("retrieval.queries", 0)}, 800)
             assert 0.7 < time.monotonic() - started < 10
         finally:
             consumer.close(timeout_ms=100)
