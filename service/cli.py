@@ -22,6 +22,8 @@ import orjson
 from service import __version__
 from service.config import add_settings_flags, parse_ks, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
+from service.mapping.mapper import Mapper
+from service.mapping.spec import load_mapping
 from service.metrics.ir import DEFAULT_KS, metric_keys
 from service.monitor import MonitorConfig
 from service.offline.files import load_judgments, load_run
@@ -227,6 +229,18 @@ def _add_streaming_commands(commands: Any) -> None:
     sim.add_argument("--seed", type=int, default=7)
     add_settings_flags(sim)
 
+    check = commands.add_parser(
+        "check-input",
+        help="how well a sample of your records maps onto the events (--input-mapping)",
+        description="Map a sample of records (replay-format files, or the input topics) "
+        "and report, per topic, what maps, what does not and why, with one example each.",
+    )
+    check.add_argument("files", nargs="*", metavar="FILE")
+    check.add_argument("--kafka", action="store_true", help="sample the input topics")
+    check.add_argument("--sample", type=_positive_int, default=1000, help="records per topic")
+    check.add_argument("--format", choices=("table", "json"), default="table")
+    add_settings_flags(check)
+
 
 def _run(args: argparse.Namespace) -> int:
     from service.run import run_service  # noqa: PLC0415 - Kafka, only for the commands that use it
@@ -271,7 +285,9 @@ def _replay(args: argparse.Namespace) -> int:
                 out.write(orjson.dumps(window.to_record(keys)) + b"\n")
 
     try:
-        monitor, report = replay(args.files, config, write)
+        mapping = load_mapping(settings.input_mapping)
+        mapper = Mapper(mapping) if mapping is not None else None
+        monitor, report = replay(args.files, config, write, mapper=mapper)
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
@@ -283,7 +299,9 @@ def _replay(args: argparse.Namespace) -> int:
             Path(args.regressions_out).write_bytes(lines)
     c = monitor.pipeline.counts
     print(
-        f"replayed {report.lines} lines: {report.invalid} invalid, {report.windows} windows, "
+        f"replayed {report.lines} lines: {report.invalid} invalid, "
+        + (f"{report.ignored} skipped by the input mapping, " if report.ignored else "")
+        + f"{report.windows} windows, "
         f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
         f"{sum(c.unmatched.values())} unmatched feedback, "
         f"{len(monitor.detector.opened)} regressions opened",
@@ -321,7 +339,21 @@ def _simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_input(args: argparse.Namespace) -> int:
+    from service.check_input import check_input  # noqa: PLC0415 - Kafka, only with --kafka
+
+    settings = settings_from_args(args)
+    report = check_input(settings, args.files, args.kafka, args.sample)
+    names = (settings.queries_topic, settings.feedback_topic)
+    if args.format == "json":
+        _print_json(report.to_json(names))
+    else:
+        print(report.render(names))
+    return 0 if report.mapped else EXIT_BAD_INPUT
+
+
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check-input": _check_input,
     "evaluate": _evaluate,
     "compare": _compare,
     "run": _run,

@@ -144,6 +144,9 @@ class Settings(BaseSettings):
     """Backpressure: a topic partition whose event time runs this far ahead of the other
     topic of its partition, while that one still has a backlog, is paused until the other
     catches up to half of it (0 turns pausing off)."""
+    input_mapping: str | None = None
+    """Where each event field lives in the user's records: a YAML or JSON mapping file, or
+    ``ubi`` (OpenSearch User Behavior Insights 1.3); unset: the contract's shapes."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     kafka_security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
     kafka_sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = None

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TextIO
 
 import msgspec
+import orjson
 from msgspec import Struct
 
 from service.errors import EventError, InputFileError
+from service.mapping.mapper import Mapper
 from service.monitor import Monitor, MonitorConfig
 from service.stream.events import (
     MAX_EVENT_BYTES,
@@ -94,6 +96,35 @@ def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
         raise LineError(error.reason, str(error), topic) from None
 
 
+def decode_mapped_line(
+    raw: bytes, mapper: Mapper
+) -> tuple[Topic, QueryEvent | FeedbackEvent | None]:
+    """Decode one replay line whose ``event`` is a user's record, through ``mapper``:
+    the topic and the event (None: a record the mapping skips); LineError if bad."""
+    if len(raw) > MAX_EVENT_BYTES + 64:
+        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+    try:
+        outer = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:  # NaN and Infinity, which Python's json.dumps writes
+            outer = json.loads(raw)
+        except ValueError:
+            raise LineError("invalid_json", "the line is not valid JSON") from None
+    if not isinstance(outer, dict) or outer.get("topic") not in ("queries", "feedback"):
+        raise LineError(
+            "invalid_topic", 'a line needs "topic": "queries" or "feedback" and an "event" object'
+        )
+    topic = QUERIES if outer["topic"] == "queries" else FEEDBACK
+    if "event" not in outer:
+        raise LineError("missing_event", 'a line needs an "event" object', topic)
+    try:
+        if topic == QUERIES:
+            return topic, mapper.query(outer["event"])
+        return topic, mapper.feedback(outer["event"])
+    except EventError as error:
+        raise LineError(error.reason, str(error), topic) from None
+
+
 @dataclass(slots=True)
 class ReplayReport:
     """What a replay read and wrote."""
@@ -101,6 +132,7 @@ class ReplayReport:
     lines: int = 0
     invalid: int = 0
     windows: int = 0
+    ignored: int = 0
 
 
 def _lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
@@ -123,10 +155,12 @@ def replay(
     now_ms: Callable[[], int] | None = None,
     errors_to: TextIO | None = None,
     max_errors_shown: int = 20,
+    mapper: Mapper | None = None,
 ) -> tuple[Monitor, ReplayReport]:
     """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
 
     Bad lines are reported to ``errors_to`` (default: stderr) with file and line number.
+    With ``mapper``, each line's ``event`` is a user's record read through it.
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or wall_ms
@@ -147,7 +181,16 @@ def replay(
     for path, number, raw in _lines(paths):
         report.lines += 1
         try:
-            line = decode_line(raw)
+            if mapper is None:
+                line = decode_line(raw)
+            else:
+                topic, event = decode_mapped_line(raw, mapper)
+                if event is None:
+                    report.ignored += 1
+                    pipeline.ignored(0, topic, offsets[topic])
+                    offsets[topic] += 1
+                    continue
+                line = _QueryLine(event) if topic == QUERIES else _FeedbackLine(event)  # type: ignore[arg-type]
         except LineError as error:
             report.invalid += 1
             topic = QUERIES if error.topic is None else error.topic

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -30,6 +30,8 @@ from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
+from service.mapping.mapper import Mapper
+from service.mapping.spec import load_mapping
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.topics import FEEDBACK, QUERIES
@@ -98,6 +100,8 @@ class KafkaEdge:
         self.pipeline = state.pipeline
         self.lock = state.lock
         self.topics = (settings.queries_topic, settings.feedback_topic)
+        mapping = load_mapping(settings.input_mapping)
+        self.mapper = Mapper(mapping) if mapping is not None else None
         client = settings.kafka_client_config()
         try:
             self.consumer = KafkaConsumer(
@@ -222,7 +226,11 @@ class KafkaEdge:
         if partition not in self.pipeline.streams:
             return  # revoked while these were in flight
         is_query = tp.topic == self.topics[0]
-        decode = decode_query if is_query else decode_feedback
+        decode: Callable[[bytes], Any]
+        if self.mapper is None:
+            decode = decode_query if is_query else decode_feedback
+        else:
+            decode = self.mapper.decode_query if is_query else self.mapper.decode_feedback
         take = self.pipeline.query if is_query else self.pipeline.feedback
         topic = QUERIES if is_query else FEEDBACK
         for record in records:
@@ -230,7 +238,11 @@ class KafkaEdge:
             try:
                 if value is None:
                     raise EventError("empty", "the record has no value (a tombstone?)")
-                failure = take(partition, record.offset, decode(value))  # type: ignore[arg-type]
+                event = decode(value)
+                if event is None:  # the input mapping skips it
+                    self.pipeline.ignored(partition, topic, record.offset)
+                    continue
+                failure = take(partition, record.offset, event)  # type: ignore[arg-type]
             except EventError as error:
                 self.pipeline.invalid(partition, topic, record.offset, error.reason)
                 failure = error

@@ -1,9 +1,8 @@
 """Prometheus exposition: a custom collector that reads the pipeline at each scrape.
 
-Summaries and finalised counts come from *published* windows only, so ``/metrics``
-agrees with the ``retrieval.windows`` topic by construction and a restart that
-re-reads unpublished records does not count them twice. Everything is registered on
-one :class:`~prometheus_client.CollectorRegistry` passed in, never the global one.
+Summaries and finalised counts come from *published* windows only, so ``/metrics`` agrees
+with the ``retrieval.windows`` topic by construction and a restart that re-reads unpublished
+records does not count them twice. Registered on the registry passed in, never the global one.
 """
 
 from __future__ import annotations
@@ -30,8 +29,7 @@ SUMMARY_FAMILIES = {
     "precision": ("retrieval_precision", "relevant chunks in the top k / k"),
     "ndcg": ("retrieval_ndcg", "nDCG@k, linear gain, ideal from all graded chunks"),
 }
-GLOBAL = "Global: every replica exports the same values, for all partitions."
-"""Said in the HELP of the series read from the global view (all others are per replica)."""
+GLOBAL = "Global: every replica exports the same values, for all partitions."  # (HELP)
 ROLLING_FAMILIES = {
     "hit_rate": "retrieval_rolling_hit_rate",
     "recall": "retrieval_rolling_recall",
@@ -75,6 +73,7 @@ class PipelineCollector(Collector):
             finalized.add_metric([retriever, segment, "true" if labelled else "false"], n)
         yield finalized
         yield _by_topic("retrieval_events", "Records consumed.", c.events, topic)
+        yield _by_topic("retrieval_ignored_records", "Records the mapping skips.", c.ignored, topic)
         invalid = CounterMetricFamily(
             "retrieval_invalid_events",
             "Records rejected (and dead-lettered), by reason.",

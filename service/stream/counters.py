@@ -20,6 +20,8 @@ class Counts:
 
     events: Counter[Topic] = field(default_factory=Counter)
     invalid: Counter[tuple[Topic, str]] = field(default_factory=Counter)
+    ignored: Counter[Topic] = field(default_factory=Counter)
+    """Records an input mapping skips (feedback actions it ignores): not events."""
     unmatched: Counter[str] = field(default_factory=Counter)
     late: Counter[Topic] = field(default_factory=Counter)
     duplicates: Counter[Topic] = field(default_factory=Counter)

@@ -222,6 +222,11 @@ class Pipeline:
         """False for a record that an earlier owner of the partition already handled."""
         return offset >= self.streams[partition].dead_letter_from[topic]
 
+    def ignored(self, partition: int, topic: Topic, offset: int) -> None:
+        """Count a record that the input mapping skips (not an event)."""
+        if self.streams[partition].seen(topic, offset, self.now_ms()):
+            self.counts.ignored[topic] += 1
+
     def invalid(self, partition: int, topic: Topic, offset: int, reason: str) -> None:
         """Count a record that failed validation (the caller dead-letters it)."""
         stream = self.streams[partition]

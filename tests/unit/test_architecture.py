@@ -25,6 +25,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "detect": {"detect", "stream", "metrics", "errors", "times"},
     "sim": {"sim", "errors", "times"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
+    "mapping": {"mapping", "stream", "errors"},
 }
 MAX_LINES = 400
 

@@ -1,0 +1,210 @@
+"""Applying an input mapping: a user's record in, a contract event (or nothing) out.
+
+Each field is read from its path (or constant), passed through its value map, and
+converted where the contract's type differs from what users log (ids given as numbers
+become their decimal text; epoch milliseconds become seconds); the event is then
+validated exactly as an event in the contract's shape is. A record the mapping skips
+(a feedback action it ignores) gives None. A required field absent at its path, or a
+path that runs into a value it cannot go into, is a bad record: EventError with the
+contract's reason code (``missing_<field>``, ``invalid_<field>``) and a message naming
+the field and the path.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from service.errors import EventError
+from service.mapping.paths import AbsentError, Path, WrongTypeError, kind_of
+from service.mapping.spec import REQUIRED, FieldSpec, InputMapping
+from service.stream.events import (
+    FeedbackEvent,
+    QueryEvent,
+    check_size,
+    feedback_from,
+    query_from,
+)
+
+_ABSENT = object()
+_SKIP = object()
+
+_IDS = frozenset({"query_id", "chunk_id", "retriever", "segment", "results"})
+"""Fields whose values may be logged as numbers (a UBI ``object_id`` may be an integer)."""
+_FIELD_OF = {"naive_timestamp": "timestamp", "unknown_signal": "signal"}
+
+
+def _as_id(value: Any) -> Any:
+    if type(value) is int:
+        return str(value)
+    if type(value) is list:
+        return [str(v) if type(v) is int else v for v in value]
+    return value
+
+
+class _Field:
+    """One field of an event, compiled from its spec."""
+
+    __slots__ = ("name", "path", "required", "spec")
+
+    def __init__(self, name: str, spec: FieldSpec, required: bool) -> None:
+        self.name = name
+        self.spec = spec
+        self.path = Path(spec.path) if spec.path is not None else None
+        self.required = required
+
+    @property
+    def source(self) -> str:
+        return f"path {self.spec.path!r}" if self.path is not None else "the constant"
+
+    def read(self, record: dict[str, Any]) -> Any:
+        spec, name = self.spec, self.name
+        if self.path is None:
+            value: Any = spec.const
+        else:
+            try:
+                value = self.path.read(record)
+            except AbsentError as missing:
+                if spec.default is not None:
+                    return spec.default
+                if not self.required:
+                    return _ABSENT
+                raise EventError(
+                    f"missing_{name}",
+                    f"field {name!r}: required, but the record has nothing at {missing.at!r} "
+                    f"(mapped from {spec.path!r})",
+                ) from None
+            except WrongTypeError as wrong:
+                raise EventError(
+                    f"invalid_{name}",
+                    f"field {name!r}: {spec.path!r} cannot be read, {wrong.at!r} is "
+                    f"{wrong.got} where the path needs an object or array",
+                ) from None
+            if value is None and spec.default is not None:
+                return spec.default
+        if spec.values is not None or spec.ignore or spec.others == "ignore":
+            key = value if isinstance(value, str) else json.dumps(value)
+            if spec.values is not None and key in spec.values:
+                value = spec.values[key]
+            elif key in spec.ignore or spec.others == "ignore":
+                return _SKIP
+        if name == "timestamp":
+            return self._time(value)
+        return _as_id(value) if name in _IDS else value
+
+    def _time(self, value: Any) -> Any:
+        form = self.spec.format
+        if form in ("epoch_seconds", "epoch_millis"):
+            number = value
+            if isinstance(value, str):
+                try:
+                    number = float(value) if "." in value else int(value)
+                except ValueError:
+                    number = None
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                unit = "seconds" if form == "epoch_seconds" else "milliseconds"
+                raise EventError(
+                    "invalid_timestamp",
+                    f"field 'timestamp': expected epoch {unit} (a number) at "
+                    f"{self.spec.path!r}, got {kind_of(value)} ({str(value)[:40]!r})",
+                )
+            return number / 1000 if form == "epoch_millis" else number
+        if self.spec.naive == "utc" and isinstance(value, str):
+            try:
+                moment = datetime.fromisoformat(value)
+            except ValueError:
+                return value  # the validator says what is wrong with it
+            if moment.tzinfo is None:
+                return moment.replace(tzinfo=UTC).isoformat()
+        return value
+
+
+class RoleMapper:
+    """The mapping of one topic's records (queries or feedback)."""
+
+    def __init__(self, role: str, fields: Any) -> None:
+        self.role = role
+        self.fields = [
+            _Field(name, spec, name in REQUIRED[role]) for name, spec in fields if spec is not None
+        ]
+        self.by_name = {f.name: f for f in self.fields}
+
+    def apply(self, record: Any) -> dict[str, Any] | None:
+        """The event in the contract's shape, or None for a record the mapping skips."""
+        if not isinstance(record, dict):
+            raise EventError(
+                "not_an_object", f"expected a JSON object {{...}}, got {kind_of(record)}"
+            )
+        out: dict[str, Any] = {}
+        for f in self.fields:
+            value = f.read(record)
+            if value is _SKIP:
+                return None
+            if value is not _ABSENT:
+                out[f.name] = value
+        return out
+
+    def field_of(self, reason: str) -> _Field | None:
+        """The mapped field that an error's reason code concerns, if any."""
+        return self.by_name.get(_FIELD_OF.get(reason) or reason.partition("_")[2])
+
+    def explain(self, error: EventError) -> EventError:
+        """``error`` of the mapped event, with where its field came from."""
+        f = self.field_of(error.reason)
+        if f is None:
+            return error
+        message = str(error) if f.spec.path == f.name else f"{error} (mapped from {f.source})"
+        if error.reason == "naive_timestamp":
+            message += (
+                "; times logged in UTC without an offset: naive: utc on the mapping's timestamp"
+            )
+        return EventError(error.reason, message)
+
+
+class Mapper:
+    """Decodes a topic's records through an input mapping."""
+
+    def __init__(self, mapping: InputMapping) -> None:
+        self.mapping = mapping
+        self.queries = RoleMapper("queries", mapping.queries)
+        self.feedback_role = RoleMapper("feedback", mapping.feedback)
+
+    def query(self, record: Any) -> QueryEvent | None:
+        """A decoded record of the queries topic as a query event (None: skipped)."""
+        obj = self.queries.apply(record)
+        if obj is None:
+            return None
+        try:
+            return query_from(obj)
+        except EventError as error:
+            raise self.queries.explain(error) from None
+
+    def feedback(self, record: Any) -> FeedbackEvent | None:
+        """A decoded record of the feedback topic as a feedback event (None: skipped)."""
+        obj = self.feedback_role.apply(record)
+        if obj is None:
+            return None
+        try:
+            return feedback_from(obj)
+        except EventError as error:
+            raise self.feedback_role.explain(error) from None
+
+    def decode_query(self, raw: bytes | str) -> QueryEvent | None:
+        return self.query(_loads(raw))
+
+    def decode_feedback(self, raw: bytes | str) -> FeedbackEvent | None:
+        return self.feedback(_loads(raw))
+
+
+def _loads(raw: bytes | str) -> Any:
+    check_size(raw)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as error:
+        try:  # NaN and Infinity, which Python's json.dumps writes
+            return json.loads(raw)
+        except ValueError:
+            raise EventError("invalid_json", f"not valid JSON: {error}") from None
