@@ -9,7 +9,6 @@ or configuration (a :class:`~service.errors.RetrievalMonitorError`, its message 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -20,15 +19,18 @@ from typing import Any
 import orjson
 
 from service import __version__
-from service.config import add_settings_flags, parse_ks, settings_from_args
+from service.config import add_settings_flags, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
 from service.mapping.mapper import Mapper
 from service.mapping.spec import load_mapping
-from service.metrics.ir import DEFAULT_KS, metric_keys
+from service.metrics.ir import metric_keys
 from service.monitor import MonitorConfig
-from service.offline.files import load_judgments, load_run
-from service.offline.golden import compare, evaluate
-from service.offline.report import find_vs_rank, render_comparison, render_evaluation
+from service.offline_commands import (
+    OFFLINE_HANDLERS,
+    add_offline_commands,
+    positive_int,
+    print_json,
+)
 from service.replay import replay
 from service.runtime import tune_gc
 from service.sim.simulator import (
@@ -38,37 +40,9 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
+from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms, wall_ms
-
-
-def _ks_arg(text: str) -> tuple[int, ...]:
-    try:
-        return parse_ks(text)
-    except ConfigError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-k",
-        "--ks",
-        type=_ks_arg,
-        default=DEFAULT_KS,
-        metavar="K,K,...",
-        help="cutoffs, comma-separated (default: 1,3,5,10,20)",
-    )
-    parser.add_argument("--format", choices=("table", "json"), default="table")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,63 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    ev = commands.add_parser(
-        "evaluate",
-        help="offline evaluation of a golden set",
-        description="Evaluate a run against golden qrels (TREC or JSONL files).",
-    )
-    ev.add_argument("--qrels", required=True, help="golden relevance judgments (TREC or JSONL)")
-    ev.add_argument("--run", required=True, help="ranked results per query (TREC or JSONL)")
-    _add_common(ev)
-
-    cmp = commands.add_parser(
-        "compare",
-        help="paired significance test between two runs",
-        description="Compare run B (candidate) with run A (baseline) on the same golden set.",
-    )
-    cmp.add_argument("--qrels", required=True, help="golden relevance judgments (TREC or JSONL)")
-    cmp.add_argument("run_a", metavar="RUN_A", help="baseline run")
-    cmp.add_argument("run_b", metavar="RUN_B", help="candidate run")
-    _add_common(cmp)
-    cmp.add_argument(
-        "--resamples", type=_positive_int, default=10_000, help="randomisation resamples"
-    )
-    cmp.add_argument("--seed", type=int, default=0, help="seed of the randomisation test")
-    cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    add_offline_commands(commands)
     _add_streaming_commands(commands)
     return parser
-
-
-def _print_json(data: dict[str, Any]) -> None:
-    print(json.dumps(data, indent=2, allow_nan=False))
-
-
-def _evaluate(args: argparse.Namespace) -> int:
-    ev = evaluate(load_judgments(args.qrels), load_run(args.run), args.ks)
-    if args.format == "json":
-        _print_json(ev.to_dict() | {"reading": find_vs_rank(ev).to_dict()})
-    else:
-        print(render_evaluation(ev, f"retrieval-monitor evaluate: run {args.run}"))
-    return 0
-
-
-def _compare(args: argparse.Namespace) -> int:
-    judgments = load_judgments(args.qrels)
-    result = compare(
-        judgments,
-        load_run(args.run_a),
-        load_run(args.run_b),
-        args.ks,
-        names=(args.run_a, args.run_b),
-        n_resamples=args.resamples,
-        seed=args.seed,
-        alpha=args.alpha,
-    )
-    if args.format == "json":
-        _print_json(result.to_dict())
-    else:
-        print(render_comparison(result, args.resamples))
-    return 0
 
 
 def _float(text: str) -> float:
@@ -205,6 +125,9 @@ def _add_streaming_commands(commands: Any) -> None:
     replay.add_argument(
         "--regressions-out", help="write each regression opened as a JSON line ('-': stdout)"
     )
+    replay.add_argument(
+        "--labels-out", help="write the labels output (one line per labelled query) here"
+    )
     add_settings_flags(replay)
 
     sim = commands.add_parser(
@@ -237,7 +160,7 @@ def _add_streaming_commands(commands: Any) -> None:
     )
     check.add_argument("files", nargs="*", metavar="FILE")
     check.add_argument("--kafka", action="store_true", help="sample the input topics")
-    check.add_argument("--sample", type=_positive_int, default=1000, help="records per topic")
+    check.add_argument("--sample", type=positive_int, default=1000, help="records per topic")
     check.add_argument("--format", choices=("table", "json"), default="table")
     add_settings_flags(check)
 
@@ -279,18 +202,25 @@ def _replay(args: argparse.Namespace) -> int:
         out = Path(args.windows_out).open("wb")  # noqa: SIM115 - closed below
     keys = metric_keys(config.pipeline.ks)
 
+    labels_out = Path(args.labels_out).open("wb") if args.labels_out else None  # noqa: SIM115
+
     def write(windows: list[ClosedWindow]) -> None:
-        if out is not None:
-            for window in windows:
+        for window in windows:
+            if out is not None:
                 out.write(orjson.dumps(window.to_record(keys)) + b"\n")
+            if labels_out is not None:
+                labels_out.writelines(orjson.dumps(r) + b"\n" for r in window.labels)
 
     try:
         mapping = load_mapping(settings.input_mapping)
         mapper = Mapper(mapping) if mapping is not None else None
-        monitor, report = replay(args.files, config, write, mapper=mapper)
+        recorder = LabelRecorder(settings.labels_query_text) if labels_out else None
+        monitor, report = replay(args.files, config, write, mapper=mapper, labels=recorder)
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()
+        if labels_out is not None:
+            labels_out.close()
     if args.regressions_out:
         lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in monitor.detector.opened)
         if args.regressions_out == "-":
@@ -346,7 +276,7 @@ def _check_input(args: argparse.Namespace) -> int:
     report = check_input(settings, args.files, args.kafka, args.sample)
     names = (settings.queries_topic, settings.feedback_topic)
     if args.format == "json":
-        _print_json(report.to_json(names))
+        print_json(report.to_json(names))
     else:
         print(report.render(names))
     return 0 if report.mapped else EXIT_BAD_INPUT
@@ -354,8 +284,7 @@ def _check_input(args: argparse.Namespace) -> int:
 
 HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
     "check-input": _check_input,
-    "evaluate": _evaluate,
-    "compare": _compare,
+    **OFFLINE_HANDLERS,
     "run": _run,
     "demo": _demo,
     "replay": _replay,

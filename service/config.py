@@ -144,6 +144,12 @@ class Settings(BaseSettings):
     """Backpressure: a topic partition whose event time runs this far ahead of the other
     topic of its partition, while that one still has a backlog, is paused until the other
     catches up to half of it (0 turns pausing off)."""
+    labels_topic: str | None = None
+    """The labels output (off when unset): one record per finalised labelled query, sent
+    with its window, for golden sets mined from production (``golden-set``)."""
+    labels_query_text: bool = False
+    """Put the query text in the labels output, when the input mapping reads one (query
+    text can be personal data: off by default)."""
     input_mapping: str | None = None
     """Where each event field lives in the user's records: a YAML or JSON mapping file, or
     ``ubi`` (OpenSearch User Behavior Insights 1.3); unset: the contract's shapes."""

@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import TextIO
 
@@ -31,6 +32,7 @@ from service.stream.events import (
     feedback_from,
     query_from,
 )
+from service.stream.mined import LabelRecorder
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms
@@ -96,11 +98,9 @@ def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
         raise LineError(error.reason, str(error), topic) from None
 
 
-def decode_mapped_line(
-    raw: bytes, mapper: Mapper
-) -> tuple[Topic, QueryEvent | FeedbackEvent | None]:
-    """Decode one replay line whose ``event`` is a user's record, through ``mapper``:
-    the topic and the event (None: a record the mapping skips); LineError if bad."""
+def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine | Topic:
+    """Decode one replay line whose ``event`` is a user's record, through ``mapper``
+    (only its topic for a record the mapping skips); LineError if bad."""
     if len(raw) > MAX_EVENT_BYTES + 64:
         raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
     try:
@@ -119,8 +119,10 @@ def decode_mapped_line(
         raise LineError("missing_event", 'a line needs an "event" object', topic)
     try:
         if topic == QUERIES:
-            return topic, mapper.query(outer["event"])
-        return topic, mapper.feedback(outer["event"])
+            query = mapper.query(outer["event"])
+            return topic if query is None else _QueryLine(query)
+        feedback = mapper.feedback(outer["event"])
+        return topic if feedback is None else _FeedbackLine(feedback)
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
 
@@ -156,11 +158,13 @@ def replay(
     errors_to: TextIO | None = None,
     max_errors_shown: int = 20,
     mapper: Mapper | None = None,
+    labels: LabelRecorder | None = None,
 ) -> tuple[Monitor, ReplayReport]:
     """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
 
     Bad lines are reported to ``errors_to`` (default: stderr) with file and line number.
-    With ``mapper``, each line's ``event`` is a user's record read through it.
+    With ``mapper``, each line's ``event`` is a user's record read through it. With
+    ``labels``, each window carries the labels output of its queries.
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or wall_ms
@@ -168,6 +172,7 @@ def replay(
     no_idleness = replace(core, join=replace(core.join, idle_timeout_ms=None))
     monitor = Monitor(replace(config, pipeline=no_idleness), clock, keep_opened=None)
     pipeline = monitor.pipeline
+    pipeline.recorder = labels
     pipeline.assign(0)
     report = ReplayReport()
     offsets = [0, 0]
@@ -178,19 +183,13 @@ def replay(
             pipeline.published(windows)
             report.windows += len(windows)
 
+    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic] = decode_line
+    if mapper is not None:
+        decode = partial(decode_mapped_line, mapper=mapper)
     for path, number, raw in _lines(paths):
         report.lines += 1
         try:
-            if mapper is None:
-                line = decode_line(raw)
-            else:
-                topic, event = decode_mapped_line(raw, mapper)
-                if event is None:
-                    report.ignored += 1
-                    pipeline.ignored(0, topic, offsets[topic])
-                    offsets[topic] += 1
-                    continue
-                line = _QueryLine(event) if topic == QUERIES else _FeedbackLine(event)  # type: ignore[arg-type]
+            line = decode(raw)
         except LineError as error:
             report.invalid += 1
             topic = QUERIES if error.topic is None else error.topic
@@ -198,6 +197,11 @@ def replay(
             offsets[topic] += 1
             if report.invalid <= max_errors_shown:
                 print(f"{path}:{number}: skipped ({error.reason}): {error}", file=errors_to)
+            continue
+        if isinstance(line, Topic):  # a record the input mapping skips
+            report.ignored += 1
+            pipeline.ignored(0, line, offsets[line])
+            offsets[line] += 1
             continue
         if isinstance(line, _QueryLine):
             failure = pipeline.query(0, offsets[QUERIES], line.event)

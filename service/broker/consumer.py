@@ -34,6 +34,7 @@ from service.mapping.mapper import Mapper
 from service.mapping.spec import load_mapping
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
+from service.stream.mined import LabelRecorder
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.watermark import NEVER
 
@@ -125,6 +126,9 @@ class KafkaEdge:
                 transactional_id=settings.transactional_id
                 or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
             )
+            if settings.labels_topic:
+                publisher.labels_topic = settings.labels_topic
+                self.pipeline.recorder = LabelRecorder(settings.labels_query_text)
         except KafkaError as error:
             raise ConfigError(
                 f"cannot connect to Kafka at {settings.kafka_bootstrap_servers} ({error}): "

@@ -191,6 +191,8 @@ class Publisher(ABC):
         self.transport = transport
         self.windows_topic = windows_topic
         self.deadletter_topic = deadletter_topic
+        self.labels_topic: str | None = None
+        """Where each window's labels output goes with it (None: that output is off)."""
 
     @abstractmethod
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
@@ -217,9 +219,13 @@ class Publisher(ABC):
 
     def windows(self, windows: Iterable[ClosedWindow], metric_keys: tuple[MetricKey, ...]) -> None:
         """Send closed windows (durable only after :meth:`commit`)."""
+        labels = self.labels_topic
         for window in windows:
             record = orjson.dumps(window.to_record(metric_keys))
             self._send(self.windows_topic, window.key.encode(), record, [])
+            if labels is not None:
+                for query in window.labels:
+                    self._send(labels, str(query["query_id"]).encode(), orjson.dumps(query), [])
 
     @abstractmethod
     def commit(self, offsets: Offsets, consumer: Consumer) -> None:

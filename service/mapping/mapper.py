@@ -26,7 +26,7 @@ from service.stream.events import (
     QueryEvent,
     check_size,
     feedback_from,
-    query_from,
+    mapped_query_from,
 )
 
 _ABSENT = object()
@@ -93,6 +93,8 @@ class _Field:
                 return _SKIP
         if name == "timestamp":
             return self._time(value)
+        if name == "query":  # the text is kept only as text; anything else is left out
+            return value if isinstance(value, str) else _ABSENT
         return _as_id(value) if name in _IDS else value
 
     def _time(self, value: Any) -> Any:
@@ -178,7 +180,7 @@ class Mapper:
         if obj is None:
             return None
         try:
-            return query_from(obj)
+            return mapped_query_from(obj)
         except EventError as error:
             raise self.queries.explain(error) from None
 

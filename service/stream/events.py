@@ -98,6 +98,13 @@ class QueryEvent(Struct, gc=False):
         return [r if type(r) is str else r.chunk_id for r in self.results]  # type: ignore[union-attr]
 
 
+class MappedQueryEvent(QueryEvent, gc=False):
+    """A query event read through an input mapping: with the query text, when it names one
+    (for the labels output; never a field of the contract's query event)."""
+
+    query_text: str | None = msgspec.field(default=None, name="query")
+
+
 class FeedbackEvent(Struct, gc=False):
     """A relevance signal for one chunk of a query: click, citation or judgment."""
 
@@ -114,7 +121,7 @@ class FeedbackEvent(Struct, gc=False):
         self.timestamp_ms = _epoch_ms(self.timestamp)
 
 
-_E = TypeVar("_E", QueryEvent, FeedbackEvent)
+_E = TypeVar("_E", QueryEvent, MappedQueryEvent, FeedbackEvent)
 
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     QueryEvent: msgspec.json.Decoder(QueryEvent),
@@ -174,6 +181,11 @@ def decode_feedback(raw: bytes | str) -> FeedbackEvent:
 def query_from(obj: Mapping[str, Any]) -> QueryEvent:
     """Validate one query event given as a decoded JSON object; raise EventError if bad."""
     return _convert(QueryEvent, obj)
+
+
+def mapped_query_from(obj: Mapping[str, Any]) -> MappedQueryEvent:
+    """:func:`query_from` for a mapped record, whose ``query`` is the query text."""
+    return _convert(MappedQueryEvent, obj)
 
 
 def feedback_from(obj: Mapping[str, Any]) -> FeedbackEvent:

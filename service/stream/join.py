@@ -253,15 +253,18 @@ class PartitionStream:
         limit = wm - self.config.attribution_ms - self.config.window_ms
         return sorted(key for key in self.windows if key[2] <= limit)
 
-    def close(self, key: WindowKey) -> tuple[list[bytes], list[dict[int, int] | None], list[int]]:
+    def close(
+        self, key: WindowKey
+    ) -> tuple[list[bytes], list[dict[int, int] | None], list[int], list[QueryId]]:
         """Remove a closable window; return its (non-evicted) queries in arrival order:
-        packed rankings (``HEADER``, then the hashes), grades (None: no feedback), and
-        context_k (-1: none logged)."""
+        packed rankings (``HEADER``, then the hashes), grades (None: no feedback),
+        context_k (-1: none logged) and ids."""
         window = self.windows.pop(key)
         del self.by_serial[window.serial]
         rankings: list[bytes] = []
         grades: list[dict[int, int] | None] = []
         context_ks: list[int] = []
+        held: list[QueryId] = []
         cursor = window.cursor
         ids = window.query_ids[cursor:]
         pending, labels, recent = self.pending, self.labels, self._recent
@@ -275,11 +278,12 @@ class PartitionStream:
                 if context_k == WIDE:
                     context_k = self.wide_context_k.pop(query_id)
                 context_ks.append(context_k)
+                held.append(query_id)
                 recent[query_id] = None
         self.held.queries -= len(rankings)
         end = key[2] + self.config.window_ms
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
-        return rankings, grades, context_ks
+        return rankings, grades, context_ks, held
 
     def mark_published(self, end_ms: int) -> None:
         """Windows of this partition ending at or before ``end_ms`` are published."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
@@ -25,9 +24,10 @@ from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
+from service.stream.mined import LabelRecorder
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow
+from service.stream.windows import ClosedWindow, WindowSink
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
 
 
@@ -54,19 +54,6 @@ def chunk_hashes(results: Sequence[str | ScoredResult]) -> array[int]:
         return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
 
 
-class WindowSink(Protocol):
-    """What consumes closed windows downstream of the pipeline (the window view).
-
-    The stream core never imports the detector: whoever composes the two registers it.
-    """
-
-    def add(self, windows: Sequence[ClosedWindow]) -> None:
-        """Windows that are durable (published and committed, or read back)."""
-
-    def advance(self, closed_through_ms: int) -> object:
-        """Every window ending at or before ``closed_through_ms`` has closed everywhere."""
-
-
 class Pipeline:
     """All partitions assigned to this process and their counters."""
 
@@ -76,6 +63,7 @@ class Pipeline:
         now_ms: Callable[[], int],
         counts: Counts | None = None,
         sinks: Iterable[WindowSink] = (),
+        recorder: LabelRecorder | None = None,
     ) -> None:
         self.config = config
         self.now_ms = now_ms
@@ -93,6 +81,8 @@ class Pipeline:
         self._confirmed: dict[str, int] = {}
         """Keys of the windows confirmed lately, with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
+        self.recorder = recorder
+        """Keeps what the labels output needs (None: that output is off)."""
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -191,6 +181,9 @@ class Pipeline:
             -1 if context_k is None else context_k,
         )
         if accepted:
+            if self.recorder is not None:
+                text = getattr(event, "query_text", None)
+                self.recorder.query(event.query_id.encode(), ts_ms, event.chunk_ids(), text)
             first = self.counts.first_seen_ms.get(retriever)
             if first is None or ts_ms < first:
                 self.counts.first_seen_ms[retriever] = ts_ms
@@ -211,9 +204,10 @@ class Pipeline:
             if error is not None:
                 return error
         grade = self.config.labels.grade(event)
-        stream.add_feedback(
-            offset, count, event.query_id.encode(), ts_ms, hash(event.chunk_id), grade
-        )
+        query_id, chunk = event.query_id.encode(), hash(event.chunk_id)
+        stream.add_feedback(offset, count, query_id, ts_ms, chunk, grade)
+        if self.recorder is not None:
+            self.recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)
         if self.held.feedback > self.config.max_pending_feedback:
             self._evict_feedback()
         return None
@@ -274,7 +268,10 @@ class Pipeline:
             join = self.config.join
             limit = wm - join.attribution_ms
             self._closed_through_ms = limit - limit % join.window_ms
-        return self._finalise(closing)
+        closed = self._finalise(closing)
+        if self.recorder is not None and wm is not None:
+            self.recorder.expire(limit - join.window_ms - join.clock_skew_ms)
+        return closed
 
     def end_of_input(self) -> None:
         """No more records will come: the next advance finalises everything pending."""
@@ -294,8 +291,11 @@ class Pipeline:
         labels: list[dict[int, int] | None] = []
         context_ks: list[int] = []
         groups: list[int] = []
+        mined: list[tuple[dict[str, object], ...]] = []
         for group, (stream, key) in enumerate(closing):
-            packed, grades, window_ks = stream.close(key)
+            packed, grades, window_ks, ids = stream.close(key)
+            if self.recorder is not None:
+                mined.append(tuple(self.recorder.finalised(ids, grades, key)))
             rankings += packed
             labels += grades
             context_ks += window_ks
@@ -323,6 +323,7 @@ class Pipeline:
                     queries=int(n_queries[group]),
                     labelled=int(n_labelled[group]),
                     metrics=aggregates[group],
+                    labels=mined[group] if mined else (),
                 )
             )
         return out

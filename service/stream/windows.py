@@ -8,9 +8,9 @@ sees each window exactly once even though publishing is at least once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from service.metrics.aggregates import MetricAggregates, Moments, merge
 from service.metrics.ir import MetricKey
@@ -25,6 +25,19 @@ def window_start(ts_ms: int, size_ms: int) -> int:
     return ts_ms - ts_ms % size_ms
 
 
+class WindowSink(Protocol):
+    """What consumes closed windows downstream of the pipeline (the window view).
+
+    The stream core never imports the detector: whoever composes the two registers it.
+    """
+
+    def add(self, windows: Sequence[ClosedWindow]) -> None:
+        """Windows that are durable (published and committed, or read back)."""
+
+    def advance(self, closed_through_ms: int) -> object:
+        """Every window ending at or before ``closed_through_ms`` has closed everywhere."""
+
+
 @dataclass(frozen=True, slots=True)
 class ClosedWindow:
     """The aggregates of one closed window of one (retriever, segment, partition)."""
@@ -37,6 +50,8 @@ class ClosedWindow:
     queries: int
     labelled: int
     metrics: MetricAggregates = field(default_factory=dict)
+    labels: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
+    """The labels output's records of its labelled queries (when that output is on)."""
 
     @property
     def unlabelled(self) -> int:

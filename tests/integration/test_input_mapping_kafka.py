@@ -13,7 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from kafka.admin import KafkaAdminClient, NewTopic
 
+from service.cli import main
+from service.sim.simulator import write_jsonl
 from tests import foreign_shapes as shapes
 from tests.integration.kafka_helpers import (
     FAST,
@@ -111,3 +114,33 @@ def test_check_input_samples_the_topics(topics: Topics) -> None:
     assert feedback["skipped"] == n_feedback - clicks  # impressions
     assert [p["reason"] for p in feedback["problems"]] == ["not_an_object"]
     assert report["feedback_joining_a_query"] == 1.0
+
+
+def test_the_labels_topic_equals_the_replayed_labels_output(
+    topics: Topics, admin: KafkaAdminClient, tmp_path: Path
+) -> None:
+    foreign, _ = shapes.to_ubi(traffic(seed=33, hours=1.0, queries_per_hour=1200))
+    labels_topic = topics.windows + ".labels"
+    admin.create_topics([NewTopic(labels_topic, num_partitions=1, replication_factor=1)])
+    produce(topics, foreign)
+    n_queries = sum(1 for e in foreign if e.topic == "queries")
+    service = ServiceProcess(
+        topics, tmp_path / "service.log", input_mapping="ubi", labels_topic=labels_topic,
+        labels_query_text="true", **FAST,
+    )  # fmt: skip
+    try:
+        service.wait_ready()
+        wait_all_final(service, n_queries)
+    finally:
+        service.stop()
+    streamed = {r.key.decode(): json.loads(r.value) for r in read_all(labels_topic)}
+    events = tmp_path / "events.jsonl"
+    write_jsonl(foreign, events)
+    replayed = tmp_path / "labels.jsonl"
+    assert main(["replay", str(events), "--input-mapping", "ubi", "--labels-out", str(replayed),
+                 "--labels-query-text", "true"]) == 0  # fmt: skip
+    expected = [json.loads(line) for line in replayed.open()]
+    assert len(expected) > 100
+    assert streamed == {r["query_id"]: r for r in expected}
+    assert all("query" in r for r in expected)
+    admin.delete_topics([labels_topic])
