@@ -1,9 +1,10 @@
 """The ``retrieval-monitor`` command line: every command, and one exit-code policy.
 
-``evaluate`` and ``compare`` (offline golden sets), ``run`` (the service), ``demo``,
-``replay`` and ``simulate``. Exit codes (``docs/configuration.md``): 0 success, 2 bad input
-or configuration (a :class:`~service.errors.RetrievalMonitorError`, its message printed),
-1 a failure while running (the traceback printed).
+``evaluate``, ``compare`` and ``golden-set`` (offline golden sets: ``offline_commands.py``),
+``run`` (the service), ``demo``, ``replay``, ``simulate`` and ``check-input``. Exit codes
+(``docs/configuration.md``): 0 success, 2 bad input or configuration (a
+:class:`~service.errors.RetrievalMonitorError`, its message printed), 1 a failure while
+running (the traceback printed).
 """
 
 from __future__ import annotations
