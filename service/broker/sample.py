@@ -48,6 +48,8 @@ def kafka_records(settings: Settings, sample: int) -> Iterator[tuple[Topic, str,
         deadline = time.monotonic() + SAMPLE_WAIT_S
         taken = dict.fromkeys(names.values(), 0)
         while want and time.monotonic() < deadline:
+            for tp in [tp for tp in want if consumer.position(tp) >= want[tp]]:
+                del want[tp]  # (the last offsets may be transaction markers, never records)
             for tp, records in consumer.poll(timeout_ms=500).items():
                 for record in records:
                     if record.offset >= want.get(tp, 0):
@@ -56,7 +58,5 @@ def kafka_records(settings: Settings, sample: int) -> Iterator[tuple[Topic, str,
                     if taken[topic] < sample and record.value is not None:
                         taken[topic] += 1
                         yield topic, f"{tp.topic}[{tp.partition}]@{record.offset}", record.value
-                    if record.offset + 1 >= want[tp]:
-                        del want[tp]
     finally:
         consumer.close()

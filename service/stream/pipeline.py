@@ -341,7 +341,7 @@ class Pipeline:
         A window confirmed before (published again after a failed commit in at-least-once
         mode: the record is identical) is not counted again.
         """
-        windows = [w for w in windows if w.key not in self._confirmed]
+        windows = [w.without_labels() for w in windows if w.key not in self._confirmed]
         for w in windows:
             self._confirmed[w.key] = w.end_ms
         if len(self._confirmed) > self._confirmed_check:

@@ -9,7 +9,7 @@ sees each window exactly once even though publishing is at least once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from service.metrics.aggregates import MetricAggregates, Moments, merge
@@ -52,6 +52,10 @@ class ClosedWindow:
     metrics: MetricAggregates = field(default_factory=dict)
     labels: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
     """The labels output's records of its labelled queries (when that output is on)."""
+
+    def without_labels(self) -> ClosedWindow:
+        """This window without its labels output (once sent: views keep windows for days)."""
+        return replace(self, labels=()) if self.labels else self
 
     @property
     def unlabelled(self) -> int:
