@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import partial
-from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import msgspec
 import orjson
 from msgspec import Struct
 
-from service.errors import EventError, InputFileError
+from service.errors import EventError
 from service.mapping.mapper import Mapper
 from service.monitor import Monitor, MonitorConfig
+from service.offline.files import jsonl_lines
 from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
@@ -79,34 +79,22 @@ def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
         return line
     # Slow path, only for bad lines (and NaN or Infinity, which Python's json.dumps
     # writes and pydantic accepted): find which part is wrong and why.
-    try:
-        outer = json.loads(raw)
-    except ValueError:
-        raise LineError("invalid_json", "the line is not valid JSON") from None
-    if not isinstance(outer, dict) or outer.get("topic") not in ("queries", "feedback"):
-        raise LineError(
-            "invalid_topic", 'a line needs "topic": "queries" or "feedback" and an "event" object'
-        )
-    topic = QUERIES if outer["topic"] == "queries" else FEEDBACK
-    if "event" not in outer:
-        raise LineError("missing_event", 'a line needs an "event" object', topic)
+    topic, event = split_line(raw)
     try:
         if topic == QUERIES:
-            return _QueryLine(query_from(outer["event"]))
-        return _FeedbackLine(feedback_from(outer["event"]))
+            return _QueryLine(query_from(event))
+        return _FeedbackLine(feedback_from(event))
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
 
 
-def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine | Topic:
-    """Decode one replay line whose ``event`` is a user's record, through ``mapper``
-    (only its topic for a record the mapping skips); LineError if bad."""
-    if len(raw) > MAX_EVENT_BYTES + 64:
-        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+def split_line(raw: bytes) -> tuple[Topic, Any]:
+    """A line's topic and its ``event`` (any JSON value); LineError if the line is not
+    ``{"topic": "queries" | "feedback", "event": ...}``."""
     try:
         outer = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        try:  # NaN and Infinity, which Python's json.dumps writes
+        try:  # NaN and Infinity (Python's json.dumps writes them), integers over 64 bits
             outer = json.loads(raw)
         except ValueError:
             raise LineError("invalid_json", "the line is not valid JSON") from None
@@ -117,11 +105,20 @@ def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine
     topic = QUERIES if outer["topic"] == "queries" else FEEDBACK
     if "event" not in outer:
         raise LineError("missing_event", 'a line needs an "event" object', topic)
+    return topic, outer["event"]
+
+
+def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine | Topic:
+    """Decode one replay line whose ``event`` is a user's record, through ``mapper``
+    (only its topic for a record the mapping skips); LineError if bad."""
+    if len(raw) > MAX_EVENT_BYTES + 64:
+        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+    topic, event = split_line(raw)
     try:
         if topic == QUERIES:
-            query = mapper.query(outer["event"])
+            query = mapper.query(event)
             return topic if query is None else _QueryLine(query)
-        feedback = mapper.feedback(outer["event"])
+        feedback = mapper.feedback(event)
         return topic if feedback is None else _FeedbackLine(feedback)
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
@@ -135,18 +132,6 @@ class ReplayReport:
     invalid: int = 0
     windows: int = 0
     ignored: int = 0
-
-
-def _lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
-    for path in paths:
-        try:
-            handle = Path(path).open("rb")  # noqa: SIM115 - closed by the with below
-        except OSError as error:
-            raise InputFileError(path, 0, "(file)", f"cannot open: {error.strerror}") from None
-        with handle:
-            for number, raw in enumerate(handle, start=1):
-                if raw.strip():
-                    yield path, number, raw
 
 
 def replay(
@@ -186,7 +171,7 @@ def replay(
     decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic] = decode_line
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
-    for path, number, raw in _lines(paths):
+    for path, number, raw in jsonl_lines(paths):
         report.lines += 1
         try:
             line = decode(raw)

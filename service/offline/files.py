@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -114,6 +114,20 @@ def _bad_utf8_line(path: str | Path) -> int:
     except UnicodeDecodeError as error:
         return data.count(b"\n", 0, error.start) + 1
     return 0
+
+
+def jsonl_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
+    """(path, 1-based number, bytes) of every non-blank line of the files, in order;
+    InputFileError for a file that cannot be opened."""
+    for path in paths:
+        try:
+            handle = Path(path).open("rb")  # noqa: SIM115 - closed by the with below
+        except OSError as error:
+            raise InputFileError(path, 0, "(file)", f"cannot open: {error.strerror}") from None
+        with handle:
+            for number, raw in enumerate(handle, start=1):
+                if raw.strip():
+                    yield path, number, raw
 
 
 def _stream(path: str | Path) -> Iterator[tuple[int, str]]:

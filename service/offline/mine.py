@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from service.errors import InputFileError
+from service.offline.files import jsonl_lines
 
 VERSION_CHARS = 12
 """Hex digits of the SHA-256 kept as a set's version."""
@@ -67,15 +68,8 @@ class Labelled:
 
 def read_labels(paths: Iterable[str]) -> Iterator[Labelled]:
     """The records of labels-output files (JSONL); InputFileError names a bad line."""
-    for path in paths:
-        try:
-            handle = Path(path).open("rb")  # noqa: SIM115 - closed by the with below
-        except OSError as error:
-            raise InputFileError(path, 0, "(file)", f"cannot open: {error.strerror}") from None
-        with handle:
-            for number, raw in enumerate(handle, start=1):
-                if raw.strip():
-                    yield _record(raw, path, number)
+    for path, number, raw in jsonl_lines(paths):
+        yield _record(raw, path, number)
 
 
 def _record(raw: bytes, path: str, number: int) -> Labelled:

@@ -23,20 +23,9 @@ from service.stream.topics import FEEDBACK
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS
 from tests import foreign_shapes as shapes
-from tests.unit.stream.test_events_decoder import FIELDS, feedbacks, queries
+from tests.unit.stream.test_events_decoder import _outcome, feedbacks, queries
 
 IDENTITY = Mapper(InputMapping())
-
-
-def _outcome(convert: Any, obj: Any) -> tuple[str, Any]:
-    try:
-        event = convert(obj)
-    except EventError as error:
-        return "rejected", error.reason
-    fields = {name: getattr(event, name) for name in FIELDS if hasattr(event, name)}
-    if hasattr(event, "chunk_ids"):
-        fields["results"] = event.chunk_ids()
-    return "accepted", fields
 
 
 def _ids_as_text(obj: Any) -> Any:
