@@ -46,56 +46,86 @@ def _as_id(value: Any) -> Any:
 
 
 class _Field:
-    """One field of an event, compiled from its spec."""
+    """One field of an event, compiled from its spec: the common case (every key present,
+    no conversion) is a few dict lookups; anything else takes the general path."""
 
-    __slots__ = ("name", "path", "required", "spec")
+    __slots__ = ("convert", "keys", "mapped", "name", "path", "required", "spec")
 
     def __init__(self, name: str, spec: FieldSpec, required: bool) -> None:
         self.name = name
         self.spec = spec
         self.path = Path(spec.path) if spec.path is not None else None
         self.required = required
+        steps = self.path.steps if self.path is not None else ()
+        plain = all(type(step) is str and not step.isdigit() for step in steps)
+        self.keys: tuple[str, ...] | None = steps if plain and steps else None  # type: ignore[assignment]
+        """The keys to look up in turn, when the path is only object keys."""
+        self.mapped = spec.values is not None or bool(spec.ignore) or spec.others == "ignore"
+        self.convert = name in ("timestamp", "query") or name in _IDS
 
     @property
     def source(self) -> str:
         return f"path {self.spec.path!r}" if self.path is not None else "the constant"
 
     def read(self, record: dict[str, Any]) -> Any:
+        keys = self.keys
+        if keys is not None:
+            value: Any = record
+            try:
+                for key in keys:
+                    value = value[key]
+            except KeyError:  # absent: fine for an optional field, else said where
+                optional = not self.required or self.spec.default is not None
+                value = _ABSENT if optional else self._look_up(record)
+            except TypeError:  # a step into a value that is not an object
+                value = self._look_up(record)
+        else:
+            value = self._look_up(record)
+        if value is None or value is _ABSENT:
+            default = self.spec.default
+            return value if default is None else default
+        if self.mapped:
+            value = self._map(value)
+        return self._convert(value) if self.convert and value is not _SKIP else value
+
+    def _look_up(self, record: dict[str, Any]) -> Any:
+        """The general path: a constant, list steps, and absent or unreadable values."""
         spec, name = self.spec, self.name
         if self.path is None:
-            value: Any = spec.const
-        else:
-            try:
-                value = self.path.read(record)
-            except AbsentError as missing:
-                if spec.default is not None:
-                    return spec.default
-                if not self.required:
-                    return _ABSENT
-                raise EventError(
-                    f"missing_{name}",
-                    f"field {name!r}: required, but the record has nothing at {missing.at!r} "
-                    f"(mapped from {spec.path!r})",
-                ) from None
-            except WrongTypeError as wrong:
-                raise EventError(
-                    f"invalid_{name}",
-                    f"field {name!r}: {spec.path!r} cannot be read, {wrong.at!r} is "
-                    f"{wrong.got} where the path needs an object or array",
-                ) from None
-            if value is None and spec.default is not None:
-                return spec.default
-        if spec.values is not None or spec.ignore or spec.others == "ignore":
-            key = value if isinstance(value, str) else json.dumps(value)
-            if spec.values is not None and key in spec.values:
-                value = spec.values[key]
-            elif key in spec.ignore or spec.others == "ignore":
-                return _SKIP
+            return spec.const
+        try:
+            return self.path.read(record)
+        except AbsentError as missing:
+            if spec.default is not None or not self.required:
+                return _ABSENT
+            raise EventError(
+                f"missing_{name}",
+                f"field {name!r}: required, but the record has nothing at {missing.at!r} "
+                f"(mapped from {spec.path!r})",
+            ) from None
+        except WrongTypeError as wrong:
+            raise EventError(
+                f"invalid_{name}",
+                f"field {name!r}: {spec.path!r} cannot be read, {wrong.at!r} is "
+                f"{wrong.got} where the path needs an object or array",
+            ) from None
+
+    def _map(self, value: Any) -> Any:
+        spec = self.spec
+        key = value if isinstance(value, str) else json.dumps(value)
+        if spec.values is not None and key in spec.values:
+            return spec.values[key]
+        if key in spec.ignore or spec.others == "ignore":
+            return _SKIP
+        return value
+
+    def _convert(self, value: Any) -> Any:
+        name = self.name
         if name == "timestamp":
             return self._time(value)
         if name == "query":  # the text is kept only as text; anything else is left out
             return value if isinstance(value, str) else _ABSENT
-        return _as_id(value) if name in _IDS else value
+        return _as_id(value)
 
     def _time(self, value: Any) -> Any:
         form = self.spec.format

@@ -61,34 +61,42 @@ class Path:
 
     def read(self, record: Any) -> Any:
         """The value at the path (a list for a path with ``[*]``); AbsentError or WrongTypeError."""
-        return _read(record, self.steps, 0, "")
+        return _read(record, self.steps, 0, ())
 
 
-def _read(value: Any, steps: tuple[Step, ...], start: int, at: str) -> Any:
+def _read(value: Any, steps: tuple[Step, ...], start: int, done: tuple[Step, ...]) -> Any:
+    """Follow ``steps[start:]`` from ``value``; ``done``: the concrete steps before (for
+    messages, built only when one is needed)."""
     for i in range(start, len(steps)):
         step = steps[i]
+        kind = type(value)
         if step is ALL:
-            if not isinstance(value, list):
-                raise WrongTypeError(at or "(record)", kind_of(value))
-            return [_read(item, steps, i + 1, f"{at}[{n}]") for n, item in enumerate(value)]
-        if isinstance(step, str) and step.isdigit() and isinstance(value, list):
-            step = int(step)  # a numeric key (``a.0``, ``/a/0``) indexes an array
-        if isinstance(step, int):
-            if not isinstance(value, list):
-                raise WrongTypeError(at or "(record)", kind_of(value))
-            where = f"{at}[{step}]"
-            if step >= len(value):
-                raise AbsentError(where)
-            value = value[step]
-        else:
-            if not isinstance(value, dict):
-                raise WrongTypeError(at or "(record)", kind_of(value))
-            where = f"{at}.{step}" if at else str(step)
-            if step not in value:
-                raise AbsentError(where)
-            value = value[step]
-        at = where
+            if kind is not list:
+                raise WrongTypeError(_at(done, steps[start:i]), kind_of(value))
+            where = (*done, *steps[start:i])
+            return [_read(item, steps, i + 1, (*where, n)) for n, item in enumerate(value)]
+        if kind is dict and type(step) is str:
+            try:
+                value = value[step]
+            except KeyError:
+                raise AbsentError(_at(done, steps[start : i + 1])) from None
+            continue
+        if kind is list and (type(step) is int or (type(step) is str and step.isdigit())):
+            index = int(step)
+            if index >= len(value):
+                raise AbsentError(_at(done, (*steps[start:i], index)))
+            value = value[index]
+            continue
+        raise WrongTypeError(_at(done, steps[start:i]), kind_of(value))
     return value
+
+
+def _at(done: tuple[Step, ...], more: tuple[Step, ...]) -> str:
+    """A path as the messages show it: ``a.b[2].c``."""
+    text = ""
+    for step in (*done, *more):
+        text += f"[{step}]" if type(step) is int else f".{step}" if text else str(step)
+    return text or "(record)"
 
 
 def _dotted(text: str) -> tuple[Step, ...]:

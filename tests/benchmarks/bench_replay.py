@@ -18,13 +18,18 @@ and, timed from the outside as whole processes (startup included, as a user runs
 * ``replay process``: ``python -m service replay FILE --windows-out /dev/null`` (the
   command line, wall clock and all: the simulated events lie in the past).
 
+With ``--mapped``, the same events are also written in a foreign shape (flat records,
+epoch milliseconds, renamed signals: ``tests/foreign_shapes.py``) and replayed through
+its input mapping (``mapped``), to show what reading users' own shapes costs.
+
 The figures of merit are replay events/s / bare events/s, in process and as whole
 processes (issue 16's target: >= 0.25 as whole processes on at least 600,000 events).
 ``--breakdown`` also prints where replay's time goes (us per event), ``--profile`` a
 cProfile of one replay (top functions by own time). Not a test: figures, not
 assertions.
 
-    python tests/benchmarks/bench_replay.py [--events 600000] [--repeat 3] [--breakdown] [--profile]
+    python tests/benchmarks/bench_replay.py [--events 600000] [--repeat 3] [--breakdown]
+        [--profile] [--mapped]
 """
 
 from __future__ import annotations
@@ -83,7 +88,23 @@ def make_file(path: Path, n_events: int) -> tuple[dict[str, int], int]:
     return counts, config.end_ms + HOUR_MS
 
 
-def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
+def make_mapped_file(path: Path, mapping: Path, n_events: int) -> None:
+    """The same events in a foreign shape, and the mapping that reads them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tests.foreign_shapes import EPOCH_MS_MAPPING, to_epoch_ms
+
+    events = list(itertools.islice(generate(simulation(n_events)), n_events))
+    foreign, _ = to_epoch_ms(events)
+    with open(path, "w", encoding="utf-8") as sink:
+        for event in foreign:
+            line = json.dumps({"topic": event.topic, "event": event.event}, separators=(",", ":"))
+            sink.write(line + "\n")
+    mapping.write_text(EPOCH_MS_MAPPING)
+
+
+def run_variant(
+    variant: str, path: Path, now_ms: int, mapping: Path | None = None
+) -> dict[str, float]:
     """Time one variant over the file in this process."""
     out: dict[str, float] = {}
     if variant == "bare":
@@ -107,6 +128,8 @@ def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
                     decode_line(raw)
                     n += 1
     else:
+        from service.mapping.mapper import Mapper
+        from service.mapping.spec import load_mapping
         from service.monitor import MonitorConfig
         from service.replay import replay
         from service.stream.windows import ClosedWindow
@@ -116,8 +139,12 @@ def run_variant(variant: str, path: Path, now_ms: int) -> dict[str, float]:
         def on_windows(windows: list[ClosedWindow]) -> None:
             finalised[0] += sum(w.queries for w in windows)
 
+        loaded = load_mapping(str(mapping)) if variant == "mapped" and mapping else None
+        mapper = Mapper(loaded) if loaded is not None else None
         start = time.perf_counter()
-        _, report = replay([str(path)], MonitorConfig(), on_windows, now_ms=lambda: now_ms)
+        _, report = replay(
+            [str(path)], MonitorConfig(), on_windows, now_ms=lambda: now_ms, mapper=mapper
+        )
         n = report.lines
         out.update(invalid=report.invalid, windows=report.windows, finalised=finalised[0])
     seconds = time.perf_counter() - start
@@ -194,9 +221,13 @@ def main() -> None:
         "--breakdown", action="store_true", help="also where replay's time goes, us per event"
     )
     parser.add_argument(
-        "--variant", choices=(*VARIANTS, "profile", "breakdown"), help=argparse.SUPPRESS
+        "--mapped", action="store_true", help="also replay the events in a foreign shape"
+    )
+    parser.add_argument(
+        "--variant", choices=(*VARIANTS, "mapped", "profile", "breakdown"), help=argparse.SUPPRESS
     )
     parser.add_argument("--file", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--mapping", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--now-ms", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.events < 1 or args.repeat < 1:
@@ -208,31 +239,36 @@ def main() -> None:
         print(json.dumps(breakdown(args.file, args.now_ms)))
         return
     if args.variant:
-        print(json.dumps(run_variant(args.variant, args.file, args.now_ms)))
+        print(json.dumps(run_variant(args.variant, args.file, args.now_ms, args.mapping)))
         return
 
     def child(variant: str) -> list[str]:
+        mapped = ["--file", str(mapped_path), "--mapping", str(mapping)]
         return [
             sys.executable,
             __file__,
             "--variant",
             variant,
-            "--file",
-            str(path),
+            *(mapped if variant == "mapped" else ["--file", str(path)]),
             "--now-ms",
             str(now_ms),
         ]
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "events.jsonl"
+        mapped_path, mapping = Path(tmp) / "foreign.jsonl", Path(tmp) / "mapping.json"
         counts, now_ms = make_file(path, args.events)
+        variants = VARIANTS
+        if args.mapped:
+            make_mapped_file(mapped_path, mapping, args.events)
+            variants = (*VARIANTS, "mapped")
         n = sum(counts.values())
         print(
             f"data: {n} events ({counts['queries']} queries x 20 results, "
             f"{counts['feedback']} feedback: {counts['feedback'] / counts['queries']:.2f} "
             f"per query), {path.stat().st_size / 2**20:.0f} MiB of JSONL"
         )
-        figures: dict[str, list[dict[str, float]]] = {v: [] for v in (*VARIANTS, *PROCESSES)}
+        figures: dict[str, list[dict[str, float]]] = {v: [] for v in (*variants, *PROCESSES)}
         whole = {
             "bare process": [sys.executable, "-c", BARE_SCRIPT, str(path)],
             "replay process": [
@@ -241,7 +277,7 @@ def main() -> None:
             ],
         }
         for _ in range(args.repeat):
-            for variant in VARIANTS:  # interleaved, so drift hits every variant
+            for variant in variants:  # interleaved, so drift hits every variant
                 out = subprocess.run(child(variant), capture_output=True, text=True, check=True)
                 figures[variant].append(json.loads(out.stdout))
             for variant, command in whole.items():
@@ -282,6 +318,13 @@ def report(figures: dict[str, list[dict[str, float]]], n: int, counts: dict[str,
     whole = rates["replay process"] / rates["bare process"]
     print(f"ratio replay / bare events/s, whole processes: {whole:.3f} (target >= {TARGET})")
     print(f"ratio validate-only / bare events/s: {rates['validate'] / rates['bare']:.3f}")
+    if "mapped" in figures:
+        mapped = figures["mapped"][-1]
+        same = mapped["finalised"] == last["finalised"] and mapped["windows"] == last["windows"]
+        print(
+            f"ratio replay through an input mapping / replay of the contract's shape: "
+            f"{rates['mapped'] / rates['replay']:.3f} (same windows and queries: {same})"
+        )
     print(
         f"share of replay time in validation: {rates['replay'] / rates['validate']:.0%}, "
         f"in read + JSON parse alone: {rates['replay'] / rates['bare']:.0%}"
