@@ -156,23 +156,24 @@ class CommitProtocol:
         tps = set(self.consumer.assignment())  # a rebalance may have moved some
         if not tps:
             return
+        started = self.hanging.now() if self.hanging is not None else 0.0
         try:
             committed = self._committed(tps)
         except KafkaError as error:
             log.warning("fetching the committed offsets failed (%s); retrying", error)
-            self._settle_hanging(tps, error)
+            self._settle_hanging(tps, error, started)
             self._rebuild_later()
             return
         if self.hanging is not None:
             self.hanging.settled()
         self.take_over(tps, {tp: m for tp, m in committed.items() if m is not None})
 
-    def _settle_hanging(self, tps: set[Any], error: Exception) -> None:
+    def _settle_hanging(self, tps: set[Any], error: Exception, started: float) -> None:
         """Commit the last committed offsets again when a skipped transaction marker left
         them unstable for good (:mod:`service.broker.hanging`)."""
         if self.hanging is None or not self.publisher.transactional:
             return
-        offsets = self.hanging.to_settle(tps, error)
+        offsets = self.hanging.to_settle(tps, error, started)
         if not offsets:
             return
         log.warning(

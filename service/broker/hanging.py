@@ -49,9 +49,17 @@ class HangingOffsets:
         self.unstable_since: float | None = None
         """Since when stable fetches fail while plain fetches are answered."""
 
-    def to_settle(self, tps: Iterable[Any], error: Exception) -> dict[Any, OffsetAndMetadata]:
-        """The stable fetch of ``tps`` failed with ``error``: the offsets to commit again
-        when they have been unstable for longer than ``SETTLE_AFTER_S``, else nothing."""
+    def now(self) -> float:
+        """The clock (taken when a stable fetch starts)."""
+        return self._clock()
+
+    def to_settle(
+        self, tps: Iterable[Any], error: Exception, started: float
+    ) -> dict[Any, OffsetAndMetadata]:
+        """The stable fetch of ``tps``, begun at ``started``, failed with ``error``: the
+        offsets to commit again when they have been unstable for longer than
+        ``SETTLE_AFTER_S`` (counted from the start of the first fetch that failed so),
+        else nothing."""
         if not isinstance(error, KafkaTimeoutError):
             self.unstable_since = None
             return {}
@@ -62,7 +70,7 @@ class HangingOffsets:
             return {}
         now = self._clock()
         if self.unstable_since is None:
-            self.unstable_since = now
+            self.unstable_since = started
         if now - self.unstable_since <= SETTLE_AFTER_S:
             return {}
         return {

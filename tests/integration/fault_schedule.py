@@ -42,7 +42,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -132,6 +132,10 @@ class Outcome:
     repeated_queries: int = 0
     """Query events in the input topics twice (a resend whose first send had landed);
     the service counts them as duplicates and ignores them, as the contract says."""
+    skipped_markers: int = 0
+    """Transaction markers for the offsets partition the broker skipped (its log)."""
+    settled: int = 0
+    """Times the service settled offsets left unstable by one (its logs)."""
     elapsed_s: float = 0.0
 
     @property
@@ -160,7 +164,8 @@ class Outcome:
             f"/healthz longest non-200 {self.longest_unhealthy_s:.1f} s | "
             f"/readyz 200 again at most {ready:.1f} s after the broker | "
             f"first commit at most {_most(self.resumed_s)} after the broker, "
-            f"first window {_most(self.windows_again_s)} | "
+            f"first window {_most(self.windows_again_s)} | skipped offsets markers "
+            f"{self.skipped_markers}, settled {self.settled} | "
             f"{'PASS' if self.passed else 'FAIL'} in {self.elapsed_s:.0f} s"
         )
 
@@ -288,11 +293,24 @@ def run(seed: int, workdir: Path, faults: int = 8, service_kills: int = 0) -> Ou
             if process.process.poll() is None:
                 process.process.kill()
                 process.process.wait()
+        outcome.skipped_markers = _count_lines(
+            (broker.state_dir / "logs").glob("*.log"), "__consumer_offsets", "can be skipped"
+        )
+        outcome.settled = _count_lines(workdir.glob("service-*.log"), "stayed unstable")
         if failed:
             _keep_logs(seed, workdir, broker)
         broker.down(wipe=True)
         outcome.elapsed_s = time.monotonic() - started
     return outcome
+
+
+def _count_lines(paths: Iterable[Path], *words: str) -> int:
+    """Lines of the files that contain every one of ``words``."""
+    n = 0
+    for path in paths:
+        with path.open(errors="replace") as lines:
+            n += sum(1 for line in lines if all(w in line for w in words))
+    return n
 
 
 def _keep_logs(seed: int, workdir: Path, broker: PrivateBroker) -> None:

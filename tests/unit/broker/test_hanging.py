@@ -45,7 +45,7 @@ from tests.unit.broker.test_restart import (
 )
 
 HANGING_COMMIT = 4
-FETCH_S = 31.0
+FETCH_S = 30.0
 """What each failed stable fetch costs on the injected clock (its 30 s budget)."""
 
 
@@ -56,6 +56,8 @@ class MarkerBroker(FakeBroker):
         super().__init__()
         self.pending: dict[TopicPartition, OffsetAndMetadata] = {}
         self.stable_fetches_refused = 0
+        self.now_s = 0.0
+        """The clock: a refused stable fetch waits out its budget (FETCH_S)."""
 
     def last_committed(self, tps: set[Any], timeout_ms: int) -> Mapping[Any, Any]:
         return {tp: self.offsets.get(tp) for tp in tps}
@@ -84,6 +86,7 @@ class MarkerConsumer(FakeConsumer):
         assert isinstance(broker, MarkerBroker)
         if tp in broker.pending:
             broker.stable_fetches_refused += 1
+            broker.now_s += FETCH_S
             raise KafkaTimeoutError("UNSTABLE_OFFSET_COMMIT until the budget ran out")
         return super().committed(tp, metadata, timeout_ms)
 
@@ -97,8 +100,7 @@ def life_with_hanging_commit(log: list[Record], settle: bool) -> tuple[Life, Mar
         lambda: MarkerTransport(broker, transactional=True), WINDOWS_TOPIC, "deadletter"
     )
     consumer = MarkerConsumer(broker, log, len(log), N_PARTITIONS)
-    clock = itertools.count(0.0, FETCH_S).__next__
-    hanging = HangingOffsets(broker.last_committed, clock) if settle else None
+    hanging = HangingOffsets(broker.last_committed, lambda: broker.now_s) if settle else None
     protocol = CommitProtocol(state, publisher, consumer, TOPIC_NAMES, hanging)
     protocol.take_over(consumer.assignment(), consumer.committed_all())
     life = Life(monitor.pipeline, protocol, consumer)
@@ -125,8 +127,9 @@ def test_the_service_settles_a_skipped_marker_and_stays_exact(
     life.protocol.cycle(life.pipeline.end_of_input, commit=True)
     outcome = Outcome(published=broker.windows(), counts=[life.pipeline.counts])
     assert broker.commits > HANGING_COMMIT + 1
-    # refused for longer than a live transaction may last, then settled
-    assert broker.stable_fetches_refused * FETCH_S > SETTLE_AFTER_S
+    # refused for longer than a live transaction may last (30, 60, 90, 120 s), then settled
+    assert broker.stable_fetches_refused == 4
+    assert 3 * FETCH_S <= SETTLE_AFTER_S < 4 * FETCH_S
     assert broker.pending == {}
     assert life.consumer.delivered > len(records)  # re-read from the last settled commit
     assert outcome.conflicts() == {}  # windows of the hanging commit published again, equal
@@ -153,25 +156,35 @@ def test_a_broker_away_is_not_taken_for_a_hanging_marker() -> None:
     hanging = HangingOffsets(Away(), itertools.count(0.0, 60.0).__next__)
     tps = {TopicPartition("queries", 0)}
     for _ in range(5):
-        assert hanging.to_settle(tps, KafkaTimeoutError()) == {}
+        assert hanging.to_settle(tps, KafkaTimeoutError(), 0.0) == {}
     assert hanging.unstable_since is None
 
 
 def test_settling_waits_out_a_live_transaction_and_restarts_its_clock() -> None:
+    """Counted from the start of the first fetch that failed: each fetch waits 30 s."""
     tp = TopicPartition("queries", 0)
     committed = {tp: OffsetAndMetadata(7, "m", 3)}
-    hanging = HangingOffsets(lambda tps, ms: committed, itertools.count(0.0, 30.0).__next__)
-    seen = [hanging.to_settle({tp}, KafkaTimeoutError()) for _ in range(5)]
-    assert seen[:4] == [{}] * 4  # 0, 30, 60, 90 s: not longer than SETTLE_AFTER_S
-    assert seen[4] == {tp: OffsetAndMetadata(7, "m", -1)}
+    now = [0.0]
+    hanging = HangingOffsets(lambda tps, ms: committed, lambda: now[0])
+
+    def failed_fetch() -> dict[Any, OffsetAndMetadata]:
+        started = hanging.now()
+        now[0] += 30.0  # the fetch's budget, then the failure
+        found = hanging.to_settle({tp}, KafkaTimeoutError(), started)
+        now[0] += 0.2  # a turn of the loop
+        return found
+
+    seen = [failed_fetch() for _ in range(3)]
+    # unstable for 30, 60.2 and 90.4 s since the first failed fetch began
+    assert seen == [{}, {}, {tp: OffsetAndMetadata(7, "m", -1)}]
     hanging.settled()
-    assert hanging.to_settle({tp}, KafkaTimeoutError()) == {}  # counted from zero again
-    assert hanging.to_settle({tp}, KafkaConnectionError()) == {}  # not a timeout
+    assert failed_fetch() == {}  # counted from zero again
+    assert hanging.to_settle({tp}, KafkaConnectionError(), hanging.now()) == {}  # not a timeout
     assert hanging.unstable_since is None
 
 
 def test_no_offsets_are_settled_for_partitions_never_committed() -> None:
     tp = TopicPartition("queries", 0)
     hanging = HangingOffsets(lambda tps, ms: {tp: None}, itertools.count(0.0, 100.0).__next__)
-    hanging.to_settle({tp}, KafkaTimeoutError())
-    assert hanging.to_settle({tp}, KafkaTimeoutError()) == {}
+    hanging.to_settle({tp}, KafkaTimeoutError(), hanging.now())
+    assert hanging.to_settle({tp}, KafkaTimeoutError(), hanging.now()) == {}
