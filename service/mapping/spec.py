@@ -128,7 +128,7 @@ UBI: dict[str, Any] = {
     "name": "ubi",
     "queries": {
         "query_id": "query_id",
-        "timestamp": "timestamp",
+        "timestamp": {"path": "timestamp", "naive": "utc"},
         "results": "query_response_hit_ids",
         "retriever": "query_attributes.retriever",
         "segment": {"path": "application", "default": "default"},
@@ -137,14 +137,15 @@ UBI: dict[str, Any] = {
     },
     "feedback": {
         "query_id": "query_id",
-        "timestamp": "timestamp",
+        "timestamp": {"path": "timestamp", "naive": "utc"},
         "chunk_id": "event_attributes.object.object_id",
         "signal": {"path": "action_name", "values": {"click": "click"}, "others": "ignore"},
         "grade": None,
         "dwell_ms": None,
     },
 }
-"""OpenSearch User Behavior Insights 1.3: ``ubi_queries`` and ``ubi_events`` records."""
+"""OpenSearch User Behavior Insights 1.3: ``ubi_queries`` and ``ubi_events`` records
+(a time without an offset is read as UTC, as OpenSearch stores it)."""
 
 PRESETS: dict[str, dict[str, Any]] = {"ubi": UBI}
 

@@ -32,7 +32,7 @@ GOOD_CLICK = {
 PROBLEMS = [
     (QUERIES, {"query_attributes": {}}, 7, ("missing_retriever", "query_attributes.retriever")),
     (QUERIES, {"query_attributes": "bm25"}, 3, ("invalid_retriever", "query_attributes.retriever")),
-    (QUERIES, {"timestamp": "2026-12-02 08:00"}, 4, ("naive_timestamp", "timestamp")),
+    (QUERIES, {"timestamp": "2026-13-02T08:00:00Z"}, 4, ("invalid_timestamp", "timestamp")),
     (
         QUERIES,
         {"query_response_hit_ids": ["a", 2.5]},

@@ -189,7 +189,7 @@ UBI_QUERY = {
             "invalid_results",
             "mapped from path 'query_response_hit_ids'",
         ),
-        ({"timestamp": "2026-12-02T08:00:00"}, "naive_timestamp", "naive: utc on the mapping"),
+        ({"timestamp": "2026-12-02T08:00:61Z"}, "invalid_timestamp", "field 'timestamp'"),
         ({"query_id": None}, "invalid_query_id", "field 'query_id'"),
     ],
 )
@@ -203,6 +203,9 @@ def test_a_bad_ubi_query_names_the_field_and_path(
 
 
 def test_ubi_records_map_as_the_preset_says() -> None:
+    naive = UBI.query({**UBI_QUERY, "timestamp": "2026-12-02T07:00:00.5"})  # read as UTC
+    assert naive is not None
+    assert naive.timestamp_ms == UBI.query(UBI_QUERY).timestamp_ms  # type: ignore[union-attr]
     event = UBI.query(UBI_QUERY)
     assert event is not None
     assert (event.query_id, event.timestamp_ms % 1000, event.retriever, event.segment) == (
@@ -265,3 +268,13 @@ def test_records_that_are_not_json_objects_are_bad_records() -> None:
     with pytest.raises(EventError) as raised:
         UBI.decode_feedback(b"{nope")
     assert raised.value.reason == "invalid_json"
+
+
+def test_a_naive_time_is_refused_unless_the_mapping_says_utc() -> None:
+    mapper = Mapper(parse_mapping({"queries": {"timestamp": "ts"}}, "m"))
+    record = {"query_id": "q", "retriever": "r", "results": [], "ts": "2026-12-02T08:00:00"}
+    with pytest.raises(EventError) as raised:
+        mapper.query(record)
+    assert raised.value.reason == "naive_timestamp"
+    assert "(mapped from path 'ts')" in str(raised.value)
+    assert "naive: utc on the timestamp" in str(raised.value)
