@@ -277,4 +277,4 @@ def test_a_naive_time_is_refused_unless_the_mapping_says_utc() -> None:
         mapper.query(record)
     assert raised.value.reason == "naive_timestamp"
     assert "(mapped from path 'ts')" in str(raised.value)
-    assert "naive: utc on the timestamp" in str(raised.value)
+    assert "naive: utc on the mapping" in str(raised.value)
