@@ -6,29 +6,24 @@ from collections.abc import Iterator
 from typing import Any
 
 from service.config import Settings
-from service.errors import ConfigError, InputFileError
+from service.errors import ConfigError
 from service.mapping.check import InputCheck, check_records
 from service.mapping.spec import load_mapping
 from service.offline.files import jsonl_lines
 from service.replay import LineError, split_line
-from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.topics import Topic
 
 
-def file_records(paths: list[str], sample: int) -> Iterator[tuple[Topic, str, Any]]:
-    """Replay-format lines (``{"topic", "event"}``): at most ``sample`` per topic."""
-    taken = {QUERIES: 0, FEEDBACK: 0}
+def file_records(paths: list[str]) -> Iterator[tuple[Topic | None, str, Any]]:
+    """The lines of the files: replay-format lines (``{"topic", "event"}``) give their
+    topic and event; any other line is a record of unknown topic."""
     for path, number, raw in jsonl_lines(paths):
         try:
             topic, event = split_line(raw)
-        except LineError as error:
-            raise InputFileError(
-                path, number, "topic", f"{error} (the replay format; --kafka reads the topics)"
-            ) from None
-        if taken[topic] < sample:
-            taken[topic] += 1
+        except LineError:
+            yield None, f"{path}:{number}", raw  # one of the user's records, as it is
+        else:
             yield topic, f"{path}:{number}", event
-        if min(taken.values()) >= sample:
-            return
 
 
 def check_input(settings: Settings, files: list[str], kafka: bool, sample: int) -> InputCheck:
@@ -39,6 +34,5 @@ def check_input(settings: Settings, files: list[str], kafka: bool, sample: int) 
     if kafka:
         from service.broker.sample import kafka_records  # noqa: PLC0415 - Kafka
 
-        return check_records(kafka_records(settings, sample), mapping)
-    records = file_records(files, sample)
-    return check_records(records, mapping)
+        return check_records(kafka_records(settings, sample), mapping, sample)
+    return check_records(file_records(files), mapping, sample)

@@ -117,23 +117,36 @@ def _share(n: int, of: int) -> str:
 
 
 def check_records(
-    records: Iterable[tuple[Topic, str, bytes | Any]], mapping: InputMapping | None
+    records: Iterable[tuple[Topic | None, str, bytes | Any]],
+    mapping: InputMapping | None,
+    sample: int | None = None,
 ) -> InputCheck:
-    """Map every record: ``(topic, where, raw bytes or a decoded record)``."""
+    """Map every record: ``(topic, where, raw bytes or a decoded record)``, at most
+    ``sample`` per topic. A record of unknown topic (None) is read as a query or a
+    feedback record by which mapping finds more of its required fields in it."""
     mapper = Mapper(mapping if mapping is not None else InputMapping(name="contract"))
     report = InputCheck(mapping.name if mapping is not None else "the contract's shapes")
     query_ids: set[str] = set()
     feedback_ids: list[str] = []
-    for topic, where, record in records:
-        t = report.topics[topic]
-        t.read += 1
+    for given, where, record in records:
+        failed: EventError | None = None
         try:
             decoded = orjson.loads(record) if isinstance(record, bytes | str) else record
+        except orjson.JSONDecodeError as error:
+            decoded, failed = None, EventError("invalid_json", f"not valid JSON: {error}")
+        topic = given if given is not None else mapper.topic_of(decoded)
+        t = report.topics[topic]
+        if sample is not None and t.read >= sample:
+            if all(other.read >= sample for other in report.topics.values()):
+                break  # (the records are read lazily: stop reading)
+            continue
+        t.read += 1
+        if failed is not None:
+            _note(t, failed, "", where)
+            continue
+        try:
             event: QueryEvent | FeedbackEvent | None
             event = mapper.query(decoded) if topic == QUERIES else mapper.feedback(decoded)
-        except orjson.JSONDecodeError as error:
-            _note(t, EventError("invalid_json", f"not valid JSON: {error}"), "", where)
-            continue
         except EventError as error:
             _note(t, error, _path_of(mapper, topic, error.reason), where)
             continue

@@ -12,6 +12,7 @@ the field and the path.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -28,6 +29,7 @@ from service.stream.events import (
     feedback_from,
     mapped_query_from,
 )
+from service.stream.topics import FEEDBACK, QUERIES, Topic
 
 _ABSENT = object()
 _SKIP = object()
@@ -179,6 +181,15 @@ class RoleMapper:
                 out[f.name] = value
         return out
 
+    def present(self, record: Any) -> int:
+        """How many of the required fields ``record`` has (a constant always counts)."""
+        n = 0
+        for f in self.fields:
+            if f.required:
+                with contextlib.suppress(AbsentError, WrongTypeError):
+                    n += f.path is None or f.path.read(record) is not None
+        return n
+
     def field_of(self, reason: str) -> _Field | None:
         """The mapped field that an error's reason code concerns, if any."""
         return self.by_name.get(_FIELD_OF.get(reason) or reason.partition("_")[2])
@@ -223,6 +234,17 @@ class Mapper:
             return feedback_from(obj)
         except EventError as error:
             raise self.feedback_role.explain(error) from None
+
+    def topic_of(self, record: Any) -> Topic:
+        """The topic a record of unknown origin most likely comes from: the one whose
+        mapping finds more of its required fields in it (queries on a tie)."""
+        if not isinstance(record, dict):
+            return QUERIES
+        return (
+            FEEDBACK
+            if self.feedback_role.present(record) > self.queries.present(record)
+            else QUERIES
+        )
 
     def decode_query(self, raw: bytes | str) -> QueryEvent | None:
         return self.query(_loads(raw))

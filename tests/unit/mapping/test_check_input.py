@@ -139,11 +139,26 @@ def test_the_sample_size_bounds_what_is_read(
     assert report["topics"]["retrieval.feedback"]["read"] == 5
 
 
-def test_a_line_not_in_the_replay_format_is_an_input_error(
+def test_raw_records_are_told_apart_by_the_fields_they_have(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Lines that are the user's records as they are (not the replay format): each is
+    read as a query or a feedback record by which mapping finds more of its fields."""
     path = tmp_path / "raw.jsonl"
-    path.write_text(json.dumps(GOOD_QUERY) + "\n")
-    assert main(["check-input", "--input-mapping", "ubi", str(path)]) == 2
-    assert f"{path}:1: field 'topic'" in capsys.readouterr().err
+    records = [
+        GOOD_QUERY,
+        {**GOOD_QUERY, "query_id": "q1", "query_attributes": {}},  # a query, still
+        GOOD_CLICK,
+        {**GOOD_CLICK, "action_name": "view"},
+        {**GOOD_CLICK, "event_attributes": {}},  # a click without its object
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + "{broken\n")
+    assert main(["check-input", "--input-mapping", "ubi", "--format", "json", str(path)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    queries = report["topics"]["retrieval.queries"]
+    feedback = report["topics"]["retrieval.feedback"]
+    assert (queries["read"], queries["mapped"]) == (3, 1)
+    assert sorted(p["reason"] for p in queries["problems"]) == ["invalid_json", "missing_retriever"]
+    assert (feedback["read"], feedback["mapped"], feedback["skipped"]) == (3, 1, 1)
+    assert [p["reason"] for p in feedback["problems"]] == ["missing_chunk_id"]
     assert main(["check-input", "--input-mapping", "ubi"]) == 2  # neither --kafka nor files
