@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+import orjson
+
 from service.times import rfc3339_millis
 
 
@@ -23,7 +25,9 @@ class LabelRecorder:
 
     def __init__(self, query_text: bool = False) -> None:
         self.query_text = query_text
-        self.queries: dict[bytes, tuple[int, list[str], str | None]] = {}
+        self.queries: dict[bytes, tuple[int, str, str | None]] = {}
+        """Per pending query: its time, its chunk ids (a JSON array: one object, not one
+        string each) and its text."""
         self.names: dict[bytes, dict[int, str]] = {}
         self._order: deque[tuple[int, bytes]] = deque()
         """(event time, query id) as entries were made, to expire what is never used."""
@@ -31,7 +35,7 @@ class LabelRecorder:
     def query(self, query_id: bytes, ts_ms: int, chunk_ids: list[str], text: Any) -> None:
         """An accepted query event."""
         keep = text if self.query_text and isinstance(text, str) else None
-        self.queries[query_id] = (ts_ms, chunk_ids, keep)
+        self.queries[query_id] = (ts_ms, orjson.dumps(chunk_ids).decode(), keep)
         self._order.append((ts_ms, query_id))
 
     def feedback(self, query_id: bytes, ts_ms: int, chunk: int, chunk_id: str) -> None:
@@ -56,7 +60,8 @@ class LabelRecorder:
             names = self.names.pop(query_id, None) or {}
             if entry is None or not graded or max(graded.values()) < 1:
                 continue
-            ts_ms, chunk_ids, text = entry
+            ts_ms, packed, text = entry
+            chunk_ids = orjson.loads(packed)
             known = {hash(c): c for c in chunk_ids}
             known.update(names)
             labels = {known[h]: g for h, g in graded.items() if h in known}

@@ -53,6 +53,9 @@ RESULTS = 20
 PARTITIONS = 4
 TARGET_BYTES = 350
 VARIANTS = ("pipeline", "naive", "naive-shared")
+LABELS = "pipeline-labels"
+"""With ``--labels``: the pipeline with the labels output on (it keeps each pending
+query's chunk-id strings beside the join's hashes)."""
 RETRIEVERS = ("hybrid-v7", "hybrid-v8")
 SEGMENTS = ("support-kb", "docs", "billing")
 
@@ -82,10 +85,11 @@ def result_indexes(rng: random.Random) -> range:
     return range(start, start + RESULTS * 7919, 7919)
 
 
-def feed_pipeline(n: int, ids: str, corpus: list[str]) -> tuple[Any, float]:
+def feed_pipeline(n: int, ids: str, corpus: list[str], labels: bool = False) -> tuple[Any, float]:
     """A pipeline holding ``n`` pending queries; return it and the measured RSS growth."""
     from service.stream.events import QueryEvent
     from service.stream.join_state import JoinConfig
+    from service.stream.mined import LabelRecorder
     from service.stream.pipeline import Pipeline, PipelineConfig
 
     now_ms = START_MS + 86_400_000
@@ -93,7 +97,7 @@ def feed_pipeline(n: int, ids: str, corpus: list[str]) -> tuple[Any, float]:
         join=JoinConfig(attribution_ms=86_400_000, idle_timeout_ms=None),
         max_pending_queries=2 * n + PARTITIONS,
     )
-    pipeline = Pipeline(config, lambda: now_ms)
+    pipeline = Pipeline(config, lambda: now_ms, recorder=LabelRecorder() if labels else None)
     for partition in range(PARTITIONS):
         pipeline.assign(partition)
     offsets = [0] * PARTITIONS
@@ -186,8 +190,8 @@ def run_variant(variant: str, n: int, ids: str, traced: bool) -> dict[str, Any]:
         tracemalloc.start()
     start = time.perf_counter()
     traced_before = tracemalloc.get_traced_memory()[0] if traced else 0
-    if variant == "pipeline":
-        state, grown = feed_pipeline(n, ids, corpus)
+    if variant in ("pipeline", LABELS):
+        state, grown = feed_pipeline(n, ids, corpus, labels=variant == LABELS)
     else:
         state, grown = feed_naive(n, ids, corpus, shared=variant == "naive-shared")
     seconds = time.perf_counter() - start
@@ -195,7 +199,7 @@ def run_variant(variant: str, n: int, ids: str, traced: bool) -> dict[str, Any]:
     if traced:
         out["traced_per_query"] = (tracemalloc.get_traced_memory()[0] - traced_before) / n
         tracemalloc.stop()
-    if variant == "pipeline":
+    if variant in ("pipeline", LABELS):
         counts = state.counts
         out["pending"] = state.pending_queries
         out["evicted"] = sum(counts.evicted.values())
@@ -226,7 +230,10 @@ def main() -> None:
     parser.add_argument(
         "--traced", type=int, default=100_000, help="queries under tracemalloc (0: skip)"
     )
-    parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--labels", action="store_true", help="also the pipeline with the labels output on"
+    )
+    parser.add_argument("--variant", choices=(*VARIANTS, LABELS), help=argparse.SUPPRESS)
     parser.add_argument("--in-tracemalloc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.queries < 1 or args.repeat < 1 or args.traced < 0:
@@ -240,9 +247,10 @@ def main() -> None:
         f"data: {n:,} pending queries x {RESULTS} results, query ids like {example!r} "
         f"({len(example)} chars), chunk ids like {chunk_id(2_345 * 8 + 3)!r}"
     )
-    figures: dict[str, list[dict[str, Any]]] = {v: [] for v in VARIANTS}
+    variants = (*VARIANTS, LABELS) if args.labels else VARIANTS
+    figures: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
     for _ in range(args.repeat):
-        for variant in VARIANTS:  # interleaved, so drift hits every variant
+        for variant in variants:  # interleaved, so drift hits every variant
             figures[variant].append(child(variant, n, args.ids, traced=False))
     traced = {v: child(v, args.traced, args.ids, traced=True) for v in VARIANTS if args.traced}
     per_query = {}
@@ -278,6 +286,11 @@ def main() -> None:
         ratio = f"{ours / theirs:.2f}" if theirs > 0 else "n/a (no RSS growth measured)"
         print(f"ratio pipeline / {baseline} bytes per pending query: {ratio} ({what})")
     print(f"pipeline bytes per pending query: {ours:.0f} (target < {TARGET_BYTES})")
+    if LABELS in per_query:
+        print(
+            f"with the labels output on: {per_query[LABELS]:.0f} B per pending query "
+            f"({per_query[LABELS] / ours:.2f} x; the chunk-id strings of each query are kept)"
+        )
 
 
 if __name__ == "__main__":
