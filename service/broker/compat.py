@@ -165,6 +165,30 @@ def broker_connected(consumer: KafkaConsumer) -> bool:
     return any(client.connected(broker.node_id) for broker in brokers)
 
 
+def fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
+    """What kafka-python's fetcher holds for ``tp``, for a log line when a partition goes
+    unfetched: its subscription state and where buffered data of it waits."""
+    subscription = consumer._subscription
+    fetcher = consumer._fetcher
+    state = subscription.assignment.get(tp)
+    if state is None:
+        return "not assigned"
+    current = fetcher._next_partition_records
+    facts = {
+        "paused": state.paused,
+        "valid position": state.has_valid_position,
+        "awaiting reset": state.awaiting_reset,
+        "fetchable": state.is_fetchable(),
+        "completed fetch queued": any(
+            f.topic_partition == tp for f in list(fetcher._completed_fetches)
+        ),
+        "in line": current is not None and current.topic_partition == tp,
+        "parked": tp in fetcher._paused_partition_records
+        or tp in fetcher._paused_completed_fetches,
+    }
+    return ", ".join(f"{name} {value}" for name, value in facts.items())
+
+
 def unpark_resumed(consumer: KafkaConsumer) -> None:
     """Work around a kafka-python 3.0 fetcher bug that starves resumed partitions.
 

@@ -148,6 +148,8 @@ class KafkaEdge:
         )
         self._last_commit_ms = 0
         self._last_lag_ms = 0
+        self._unfetched_since: dict[Any, int] = {}
+        """Assigned topic partitions with no fetch answer yet, since when (wall ms)."""
 
     # -- start ---------------------------------------------------------------------------
 
@@ -301,6 +303,19 @@ class KafkaEdge:
         with self.lock:
             self.state.health.paused = now_paused
 
+    def _note_unfetched(self, tp: Any) -> None:
+        """Log (once) a partition left without a fetch answer while the broker answers."""
+        now = self.state.wall_ms()
+        since = self._unfetched_since.setdefault(tp, now)
+        if 0 <= now - since - UNFETCHED_WARN_MS < 1000 and self.state.health.broker_connected:
+            log.warning(
+                "%s[%s] has had no fetch answer for %d s with the broker up: %s",
+                tp.topic,
+                tp.partition,
+                (now - since) // 1000,
+                compat.fetch_state(self.consumer, tp),
+            )
+
     def _update_lag(self) -> None:
         """Lag per topic partition; one with a backlog (or not yet known) is never idle."""
         lag: dict[tuple[str, int], int] = {}
@@ -317,7 +332,9 @@ class KafkaEdge:
                 position = None
             if high is None or position is None:
                 unknown.add((tp.topic, tp.partition))  # no fetch response yet
+                self._note_unfetched(tp)
             else:
+                self._unfetched_since.pop(tp, None)
                 lag[tp.topic, tp.partition] = max(0, high - position)
         with self.lock:
             self.state.health.lag = lag
@@ -327,6 +344,11 @@ class KafkaEdge:
                     kind = QUERIES if topic == self.topics[0] else FEEDBACK
                     behind = (topic, partition) in unknown or lag[topic, partition] > 0
                     stream.watermark.set_backlog(kind, behind)
+
+
+UNFETCHED_WARN_MS = 60_000
+"""A partition assigned this long without a fetch answer while the broker answers is
+logged once, with what kafka-python's fetcher holds for it."""
 
 
 def _names(tps: Iterable[Any]) -> str:

@@ -11,7 +11,12 @@ import pytest
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaTimeoutError
 
-from service.broker.compat import check_version, last_committed, partitions_for_topic
+from service.broker.compat import (
+    check_version,
+    fetch_state,
+    last_committed,
+    partitions_for_topic,
+)
 from service.errors import ConfigError
 
 
@@ -66,3 +71,21 @@ def test_a_last_committed_fetch_gives_up_when_the_broker_never_answers() -> None
             assert 0.7 < time.monotonic() - started < 10
         finally:
             consumer.close(timeout_ms=100)
+
+
+def test_the_fetch_state_of_a_partition_reads_the_fetcher() -> None:
+    """What the log line says of a partition that goes unfetched (no broker here: the
+    partition has no position yet, so it is not fetchable)."""
+    consumer = KafkaConsumer(bootstrap_servers="127.0.0.1:1", api_version=(3, 5))
+    try:
+        tp = TopicPartition("retrieval.feedback", 2)
+        assert fetch_state(consumer, tp) == "not assigned"
+        consumer.assign([tp])
+        state = fetch_state(consumer, tp)
+        assert "paused False" in state
+        assert "valid position False" in state
+        assert "fetchable False" in state
+        consumer.pause(tp)
+        assert "paused True" in fetch_state(consumer, tp)
+    finally:
+        consumer.close(timeout_ms=100)
