@@ -20,10 +20,10 @@ from typing import Any
 import orjson
 
 from service import __version__
+from service.check_input import check_input
 from service.config import add_settings_flags, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
-from service.mapping.mapper import Mapper
-from service.mapping.spec import load_mapping
+from service.mapping.mapper import load_mapper
 from service.metrics.ir import metric_keys
 from service.monitor import MonitorConfig
 from service.offline_commands import (
@@ -213,8 +213,7 @@ def _replay(args: argparse.Namespace) -> int:
                 labels_out.writelines(orjson.dumps(r) + b"\n" for r in window.labels)
 
     try:
-        mapping = load_mapping(settings.input_mapping)
-        mapper = Mapper(mapping) if mapping is not None else None
+        mapper = load_mapper(settings.input_mapping)
         recorder = LabelRecorder(settings.labels_query_text) if labels_out else None
         monitor, report = replay(args.files, config, write, mapper=mapper, labels=recorder)
     finally:
@@ -271,8 +270,6 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _check_input(args: argparse.Namespace) -> int:
-    from service.check_input import check_input  # noqa: PLC0415 - Kafka, only with --kafka
-
     settings = settings_from_args(args)
     report = check_input(settings, args.files, args.kafka, args.sample)
     names = (settings.queries_topic, settings.feedback_topic)

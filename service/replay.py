@@ -9,7 +9,6 @@ end of the input everything pending is finalised.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -17,11 +16,10 @@ from functools import partial
 from typing import Any, TextIO
 
 import msgspec
-import orjson
 from msgspec import Struct
 
 from service.errors import EventError
-from service.mapping.mapper import Mapper
+from service.mapping.mapper import Mapper, loads
 from service.monitor import Monitor, MonitorConfig
 from service.offline.files import jsonl_lines
 from service.stream.events import (
@@ -60,10 +58,14 @@ class LineError(EventError):
         self.topic = topic
 
 
-def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
-    """Decode one replay line; raise LineError with the event's reason code if bad."""
+def _check_line_size(raw: bytes) -> None:
     if len(raw) > MAX_EVENT_BYTES + 64:
         raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+
+
+def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
+    """Decode one replay line; raise LineError with the event's reason code if bad."""
+    _check_line_size(raw)
     try:
         line = _LINE.decode(raw)
     except msgspec.ValidationError:
@@ -92,12 +94,9 @@ def split_line(raw: bytes) -> tuple[Topic, Any]:
     """A line's topic and its ``event`` (any JSON value); LineError if the line is not
     ``{"topic": "queries" | "feedback", "event": ...}``."""
     try:
-        outer = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:  # NaN and Infinity (Python's json.dumps writes them), integers over 64 bits
-            outer = json.loads(raw)
-        except ValueError:
-            raise LineError("invalid_json", "the line is not valid JSON") from None
+        outer = loads(raw)
+    except EventError:
+        raise LineError("invalid_json", "the line is not valid JSON") from None
     if not isinstance(outer, dict) or outer.get("topic") not in ("queries", "feedback"):
         raise LineError(
             "invalid_topic", 'a line needs "topic": "queries" or "feedback" and an "event" object'
@@ -111,8 +110,7 @@ def split_line(raw: bytes) -> tuple[Topic, Any]:
 def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine | Topic:
     """Decode one replay line whose ``event`` is a user's record, through ``mapper``
     (only its topic for a record the mapping skips); LineError if bad."""
-    if len(raw) > MAX_EVENT_BYTES + 64:
-        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+    _check_line_size(raw)
     topic, event = split_line(raw)
     try:
         if topic == QUERIES:

@@ -30,8 +30,7 @@ from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
 from service.config import Settings
 from service.errors import ConfigError, EventError
-from service.mapping.mapper import Mapper
-from service.mapping.spec import load_mapping
+from service.mapping.mapper import load_mapper
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
@@ -101,8 +100,7 @@ class KafkaEdge:
         self.pipeline = state.pipeline
         self.lock = state.lock
         self.topics = (settings.queries_topic, settings.feedback_topic)
-        mapping = load_mapping(settings.input_mapping)
-        self.mapper = Mapper(mapping) if mapping is not None else None
+        self.mapper = load_mapper(settings.input_mapping)
         client = settings.kafka_client_config()
         try:
             self.consumer = KafkaConsumer(

@@ -21,7 +21,7 @@ import orjson
 
 from service.errors import EventError
 from service.mapping.paths import AbsentError, Path, WrongTypeError, kind_of
-from service.mapping.spec import REQUIRED, FieldSpec, InputMapping
+from service.mapping.spec import REQUIRED, FieldSpec, InputMapping, load_mapping
 from service.stream.events import (
     FeedbackEvent,
     QueryEvent,
@@ -211,7 +211,6 @@ class Mapper:
     """Decodes a topic's records through an input mapping."""
 
     def __init__(self, mapping: InputMapping) -> None:
-        self.mapping = mapping
         self.queries = RoleMapper("queries", mapping.queries)
         self.feedback_role = RoleMapper("feedback", mapping.feedback)
 
@@ -247,18 +246,28 @@ class Mapper:
         )
 
     def decode_query(self, raw: bytes | str) -> QueryEvent | None:
-        return self.query(_loads(raw))
+        check_size(raw)
+        return self.query(loads(raw))
 
     def decode_feedback(self, raw: bytes | str) -> FeedbackEvent | None:
-        return self.feedback(_loads(raw))
+        check_size(raw)
+        return self.feedback(loads(raw))
 
 
-def _loads(raw: bytes | str) -> Any:
-    check_size(raw)
+def load_mapper(spec: str | None) -> Mapper | None:
+    """The mapper of ``--input-mapping`` (None without one: the contract's decoder)."""
+    mapping = load_mapping(spec)
+    return Mapper(mapping) if mapping is not None else None
+
+
+def loads(raw: bytes | str) -> Any:
+    """A user's JSON record (or a replay line): orjson, and Python's json for what only it
+    reads (NaN and Infinity, which Python's json.dumps writes; integers over 64 bits);
+    EventError ``invalid_json`` if neither can."""
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as error:
-        try:  # NaN and Infinity, which Python's json.dumps writes
+        try:
             return json.loads(raw)
         except ValueError:
             raise EventError("invalid_json", f"not valid JSON: {error}") from None
