@@ -12,10 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from service.errors import EventError
-from service.mapping.mapper import Mapper
+from service.mapping.mapper import Mapper, loads
 from service.mapping.spec import InputMapping
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.topics import FEEDBACK, QUERIES, Topic
@@ -130,10 +128,10 @@ def check_records(
     feedback_ids: list[str] = []
     for given, where, record in records:
         failed: EventError | None = None
-        try:
-            decoded = orjson.loads(record) if isinstance(record, bytes | str) else record
-        except orjson.JSONDecodeError as error:
-            decoded, failed = None, EventError("invalid_json", f"not valid JSON: {error}")
+        try:  # read as run and replay read them
+            decoded = loads(record) if isinstance(record, bytes | str) else record
+        except EventError as error:
+            decoded, failed = None, error
         topic = given if given is not None else mapper.topic_of(decoded)
         t = report.topics[topic]
         if sample is not None and t.read >= sample:

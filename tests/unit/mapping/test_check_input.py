@@ -162,3 +162,16 @@ def test_raw_records_are_told_apart_by_the_fields_they_have(
     assert (feedback["read"], feedback["mapped"], feedback["skipped"]) == (3, 1, 1)
     assert [p["reason"] for p in feedback["problems"]] == ["missing_chunk_id"]
     assert main(["check-input", "--input-mapping", "ubi"]) == 2  # neither --kafka nor files
+
+
+def test_records_are_read_as_the_service_reads_them() -> None:
+    """A score of NaN (Python's json.dumps writes one) is valid to run and replay: the
+    check counts such a record as mapping cleanly, not as bad JSON."""
+    raw = json.dumps({**GOOD_QUERY, "query_response_hit_ids": ["a"], "score": float("nan")})
+    assert "NaN" in raw
+    report = check_records(
+        [(QUERIES, "nan", raw.encode()), (QUERIES, "bad", b"{x")], load_mapping("ubi")
+    )
+    queries = report.topics[QUERIES]
+    assert (queries.read, queries.mapped) == (2, 1)
+    assert list(queries.problems) == [("invalid_json", "")]
