@@ -30,6 +30,7 @@ from pydantic import Field as PydanticField
 from pydantic_core import ErrorDetails
 
 from service.errors import InputFileError
+from service.offline.trec_bulk import bad_utf8_line, read_trec_run
 
 Judgments = dict[str, dict[str, int]]
 """query id -> chunk id -> grade."""
@@ -107,15 +108,6 @@ class Run:
         return sum(len(docs) - len(set(docs)) for docs in self.rankings.values())
 
 
-def _bad_utf8_line(path: str | Path) -> int:
-    data = Path(path).read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        return data.count(b"\n", 0, error.start) + 1
-    return 0
-
-
 def jsonl_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
     """(path, 1-based number, bytes) of every non-blank line of the files, in order;
     InputFileError for a file that cannot be opened."""
@@ -142,7 +134,7 @@ def _stream(path: str | Path) -> Iterator[tuple[int, str]]:
             yield from enumerate(handle, start=1)
         except UnicodeDecodeError:
             raise InputFileError(
-                name, _bad_utf8_line(path), "(line)", "not valid UTF-8; save the file as UTF-8"
+                name, bad_utf8_line(path), "(line)", "not valid UTF-8; save the file as UTF-8"
             ) from None
 
 
@@ -249,18 +241,13 @@ def load_judgments(path: str | Path) -> Judgments:
     return judgments
 
 
-def _trec_order(docs: list[str], scores: list[float]) -> list[str]:
-    """trec_eval's order: score descending, ties by chunk id descending."""
-    if scores == sorted(scores, reverse=True) and len(set(scores)) == len(scores):
-        return docs
-    return [doc for _, doc in sorted(zip(scores, docs, strict=True), reverse=True)]
+def trec_columns(
+    name: str, lines: Iterator[tuple[int, str]]
+) -> dict[str, tuple[list[str], list[float]]]:
+    """A TREC run's lines, line by line: chunk ids and scores per query, in file order.
 
-
-def _parse_trec_run(name: str, lines: Iterator[tuple[int, str]]) -> dict[str, list[str]]:
-    """Group a TREC run by query and order each list as trec_eval does.
-
-    The hot loop of ``evaluate`` on large runs: it binds the current query's list
-    methods once per query rather than looking the query up on every line.
+    The exact reference of the bulk reader (:mod:`service.offline.trec_bulk`), which
+    hands it every block it cannot vouch for, so its errors are the only ones users see.
     """
     columns: dict[str, tuple[list[str], list[float]]] = {}
     current: str | None = None
@@ -293,7 +280,7 @@ def _parse_trec_run(name: str, lines: Iterator[tuple[int, str]]) -> dict[str, li
             add_doc, add_score, current = entry[0].append, entry[1].append, query_id
         add_doc(doc)
         add_score(score)
-    return {query_id: _trec_order(docs, scores) for query_id, (docs, scores) in columns.items()}
+    return columns
 
 
 def load_run(path: str | Path) -> Run:
@@ -309,5 +296,6 @@ def load_run(path: str | Path) -> Run:
             if row.context_k is not None:
                 run.context_k[row.query_id] = row.context_k
     else:
-        run.rankings = _parse_trec_run(name, lines)
+        del lines  # the bulk reader reads the file from its start
+        run.rankings = read_trec_run(path, trec_columns)
     return run
