@@ -13,6 +13,7 @@ evaluation of data already in memory (our metric core against trec_eval's C code
 Not a test: figures, not assertions.
 
     python tests/benchmarks/bench_evaluate.py [--queries 100000] [--results 100] [--repeat 3]
+        [--breakdown]
 """
 
 from __future__ import annotations
@@ -87,6 +88,33 @@ def run_variant(variant: str, qrels: Path, run: Path) -> dict[str, float]:
 VARIANTS = ("pytrec_eval", "ours", "pytrec_eval-core", "ours-core")
 
 
+def breakdown(qrels: Path, run: Path, lines: int) -> None:
+    """Where our end-to-end time goes, in us per run line, in one fresh process."""
+    code = (
+        "import json, sys, time\n"
+        "t0 = time.perf_counter()\n"
+        "from service.offline.files import load_judgments, load_run\n"
+        "from service.offline.golden import evaluate\n"
+        "t1 = time.perf_counter(); j = load_judgments(sys.argv[1])\n"
+        "t2 = time.perf_counter(); r = load_run(sys.argv[2])\n"
+        f"t3 = time.perf_counter(); evaluate(j, r, {KS!r}).mean('ndcg@10')\n"
+        "t4 = time.perf_counter()\n"
+        "print(json.dumps([t1 - t0, t2 - t1, t3 - t2, t4 - t3]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(qrels), str(run)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    parts = json.loads(out.stdout)
+    names = ("imports", "read qrels", "read run", "evaluate (judge, metrics, means)")
+    print(f"where our time goes (us per run line, {lines} lines):")
+    for name, seconds in zip(names, parts, strict=True):
+        print(f"  {name:<34} {seconds / lines * 1e6:6.3f}")
+    print(f"  {'in all':<34} {sum(parts) / lines * 1e6:6.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -94,6 +122,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=100_000)
     parser.add_argument("--results", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--breakdown", action="store_true", help="also time our parts (us per run line)"
+    )
     parser.add_argument("--variant", choices=VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--qrels", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--run", type=Path, help=argparse.SUPPRESS)
@@ -107,6 +138,10 @@ def main() -> None:
         print(
             f"data: {args.queries} queries x {args.results} results (run file {size_mib:.0f} MiB)"
         )
+        if args.breakdown:
+            breakdown(qrels, run, args.queries * args.results)
+        if args.repeat < 1:
+            return
         figures: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
         for _ in range(args.repeat):
             for variant in VARIANTS:  # interleaved, so drift hits both sides

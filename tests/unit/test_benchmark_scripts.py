@@ -24,6 +24,7 @@ def test_bench_evaluate_runs_and_all_variants_agree() -> None:
             "30",
             "--repeat",
             "1",
+            "--breakdown",
         ],
         capture_output=True,
         text=True,
@@ -31,6 +32,8 @@ def test_bench_evaluate_runs_and_all_variants_agree() -> None:
         timeout=300,
     ).stdout
     assert "mean ndcg@10 equal in all variants (1e-9): True" in out
+    assert "where our time goes (us per run line, 9000 lines):" in out
+    figure(out, "read run")
     assert out.count("ratio pytrec_eval time / our time") == 2
     figure(out, "ratio pytrec_eval time / our time, end to end, files to metrics")
     figure(out, "ratio pytrec_eval time / our time, evaluation of in-memory data")
