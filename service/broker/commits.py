@@ -112,8 +112,9 @@ class CommitProtocol:
 
     # -- the loop (main thread) ---------------------------------------------------------------
 
-    def cycle(self, work: Callable[[], None], commit: bool) -> bool:
-        """Under both locks run ``work`` (process a batch) and send what closed; then commit.
+    def cycle(self, work: Callable[[], None], commit: bool, advance: bool = True) -> bool:
+        """Under both locks run ``work`` (process a batch) and, with ``advance`` or
+        ``commit``, finalise and send what closed; then commit.
 
         Closed windows ride in the open transaction until the next commit: committing per
         poll would cost a transaction per batch in catch-up. Returns whether a commit was
@@ -122,7 +123,8 @@ class CommitProtocol:
         with self.producer_lock:
             with self.lock:
                 work()
-                self._send(self.pipeline.advance())
+                if advance or commit:  # the offsets committed are those of what was sent
+                    self._send(self.pipeline.advance())
                 offsets = self._offsets() if commit else None
             if offsets is not None and self.publisher.transactional:
                 self._commit(offsets)

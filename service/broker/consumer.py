@@ -40,6 +40,11 @@ from service.stream.watermark import NEVER
 log = logging.getLogger("retrieval_monitor.kafka")
 
 KAFKA_RETRY_S = 1.0
+ADVANCE_EVERY_MS = 500
+"""Wall time between finalisations (and at every commit): in catch-up a poll brings 2,000
+records and closes a few windows, and finalising them a poll at a time cost twice as
+much per window as finalising many at once (which equals it: lateness is decided by
+the watermark when a record arrives, not by when windows are finalised)."""
 """Back-off after a retriable Kafka error (e.g. the broker is restarting) before retrying."""
 
 
@@ -145,6 +150,7 @@ class KafkaEdge:
             HangingOffsets(lambda tps, wait_ms: compat.last_committed(consumer, tps, wait_ms)),
         )
         self._last_commit_ms = 0
+        self._last_advance_ms = 0
         self._last_lag_ms = 0
         self._unfetched_since: dict[Any, int] = {}
         """Assigned topic partitions with no fetch answer yet, since when (wall ms)."""
@@ -202,9 +208,12 @@ class KafkaEdge:
                     self._process(tp, records)
 
             due = now - self._last_commit_ms >= settings.commit_interval
+            advance = due or now - self._last_advance_ms >= ADVANCE_EVERY_MS
             with state.waiting_on_broker("commit", waits.commit_limit_ms()):
-                if self.commits.cycle(work, commit=due):
+                if self.commits.cycle(work, commit=due, advance=advance):
                     self._last_commit_ms = now
+            if advance:
+                self._last_advance_ms = now
             with state.waiting_on_broker("rebuild", waits.rebuild_limit_ms()):
                 self.commits.rebuild_if_needed()
             if now - self._last_lag_ms >= 1000:

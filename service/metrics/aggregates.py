@@ -105,7 +105,8 @@ def _limb_sums(fixed: NDArray[np.int64], groups: NDArray[np.int64], n_groups: in
     """Exact per-group sums of fixed-point integers below 2**53."""
     hi = np.bincount(groups, weights=fixed >> _LIMB_BITS, minlength=n_groups)
     lo = np.bincount(groups, weights=fixed & _LIMB_MASK, minlength=n_groups)
-    return [(int(h) << _LIMB_BITS) + int(lo_) for h, lo_ in zip(hi, lo, strict=True)]
+    # (as Python floats first: exact integers below 2**53, and far cheaper than numpy scalars)
+    return [(int(h) << _LIMB_BITS) + int(w) for h, w in zip(hi.tolist(), lo.tolist(), strict=True)]
 
 
 def aggregate_groups(
@@ -132,8 +133,9 @@ def aggregate_groups(
             counts = np.bincount(g, minlength=n_groups)
             sums = _limb_sums(to_fixed(v), g, n_groups)
             sums_sq = _limb_sums(to_fixed(v * v), g, n_groups)
-            for gi in np.flatnonzero(counts):
-                add = Moments(int(counts[gi]), sums[gi], sums_sq[gi])
+            counted = counts.tolist()
+            for gi in np.flatnonzero(counts).tolist():
+                add = Moments(counted[gi], sums[gi], sums_sq[gi])
                 current = result[gi].get(key)
                 result[gi][key] = add if current is None else current + add
     return result
@@ -149,7 +151,12 @@ def merge(parts: Iterable[Mapping[str, Moments]]) -> MetricAggregates:
     """Merge aggregates key by key (exact, associative and commutative)."""
     merged: MetricAggregates = {}
     for part in parts:
-        for key, moments in part.items():
-            current = merged.get(key)
-            merged[key] = moments if current is None else current + moments
+        merge_into(merged, part)
     return merged
+
+
+def merge_into(target: MetricAggregates, part: Mapping[str, Moments]) -> None:
+    """Merge ``part`` into ``target`` in place (its moments are immutable: safe to share)."""
+    for key, moments in part.items():
+        current = target.get(key)
+        target[key] = moments if current is None else current + moments

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from service.metrics.aggregates import MetricAggregates, merge
+from service.metrics.aggregates import MetricAggregates, merge_into
 from service.stream.topics import Topic
 
 
@@ -36,9 +36,7 @@ class Counts:
 
     def add_published(self, retriever: str, segment: str, metrics: MetricAggregates) -> None:
         """Fold a published window's aggregates into the cumulative summaries."""
-        key = (retriever, segment)
-        current = self.published.get(key)
-        self.published[key] = dict(metrics) if current is None else merge((current, metrics))
+        merge_into(self.published.setdefault((retriever, segment), {}), metrics)
 
 
 OTHER = "other"

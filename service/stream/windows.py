@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from service.metrics.aggregates import MetricAggregates, Moments, merge
+from service.metrics.aggregates import MetricAggregates, Moments, merge_into
 from service.metrics.ir import MetricKey
 from service.times import parse_aware_ms, rfc3339
 
@@ -127,7 +127,7 @@ class SliceTotals:
         """Merge one more window in."""
         self.queries += queries
         self.labelled += labelled
-        self.metrics = merge((self.metrics, metrics))
+        merge_into(self.metrics, metrics)  # in place: a view takes many windows one at a time
 
     @property
     def unlabelled_ratio(self) -> float | None:

@@ -33,7 +33,13 @@ The figure of merit is run events/s / bare events/s (target >= 0.7). Not a test:
 figures, not assertions. Topics and consumer groups are deleted at the end unless
 ``--keep-topics``.
 
-    python tests/benchmarks/bench_run_kafka.py [--events 200000] [--repeat 3]
+With ``--profile``, one more service run is sampled by py-spy (``--gil``: the thread
+holding the interpreter lock, which bounds a single process's throughput) and each
+sample is put in a part of the service by its innermost frame in the ``service``
+package (kafka-python below the consumer loop is its poll; the producer's sender
+thread has no service frame): us of lock time per event, over the whole process life.
+
+    python tests/benchmarks/bench_run_kafka.py [--events 200000] [--repeat 3] [--profile]
 """
 
 from __future__ import annotations
@@ -180,10 +186,22 @@ def run_service(
     n_queries: int,
     timeout_s: float,
     settings: dict[str, str],
+    profile_to: Path | None = None,
 ) -> dict[str, Any]:
-    """Start ``retrieval-monitor run``, watch /metrics until all n are read and published."""
+    """Start ``retrieval-monitor run``, watch /metrics until all n are read and published
+    (with ``profile_to``, under py-spy, whose raw output goes there)."""
     spawned = time.perf_counter()
     service = ServiceProcess(topics, log_path, **{"idle_timeout": "2s", **settings})
+    spy = None
+    if profile_to is not None:
+        spy_command = [str(Path(sys.executable).with_name("py-spy")), "record"]
+        spy_command += ["--pid", str(service.process.pid), "--rate", str(PROFILE_RATE)]
+        spy_command += ["--gil", "--nonblocking", "--format", "raw", "--output", str(profile_to)]
+        spy = subprocess.Popen(
+            spy_command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
     ready_s: float | None = None
     first: tuple[float, int] | None = None
     all_read: float | None = None
@@ -227,6 +245,8 @@ def run_service(
             time.sleep(max(0.0, wait - (time.perf_counter() - now)))
     finally:
         code = service.stop() if service.process.poll() is None else service.process.returncode
+        if spy is not None and spy.wait(timeout=30) != 0:
+            raise BenchError("py-spy failed (is it installed? pip install py-spy)")
     if code != 0:
         raise BenchError(f"the service exited with {code} on SIGTERM: {service.tail()}")
     if first is None or all_read is None:
@@ -245,6 +265,97 @@ def run_service(
         "assignments": log_path.read_text(errors="replace").count("assigned partitions"),
         "scrape_ms": statistics.median(scrapes) * 1000,
     }
+
+
+# -- where the service's time goes (py-spy) ------------------------------------------------
+
+PROFILE_RATE = 250
+"""py-spy samples a second (of the thread holding the interpreter lock)."""
+
+SERVICE_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    # (module under service/, its functions (all if empty), part): the frames that say
+    # which part a sample is in; others (the metric core, counters, the join's state)
+    # belong to the part of the nearest such frame outside them
+    ("stream/events.py", (), "decode"),
+    ("mapping/", (), "decode"),
+    ("stream/pipeline.py", ("query", "feedback", "ignored", "invalid", "is_new"), "join"),
+    ("broker/consumer.py", ("_process", "work"), "join"),
+    ("stream/pipeline.py", ("advance", "_finalise", "finish", "end_of_input"), "finalise"),
+    ("stream/pipeline.py", ("published", "confirm_published", "mark_published"), "windows in"),
+    ("broker/follower.py", (), "follower"),
+    ("broker/publisher.py", (), "publish"),
+    ("broker/commits.py", (), "publish"),
+    ("broker/produce.py", (), "publish"),
+    ("http/", (), "http"),
+)
+PART_NAMES = {
+    "poll": "kafka-python poll (fetch, record parsing)",
+    "decode": "decode and validate (msgspec)",
+    "join": "join and bookkeeping (and the record loop)",
+    "finalise": "finalisation (advance, metric core)",
+    "windows in": "windows taken in (counters, rolling views, detector)",
+    "follower": "window follower (global view)",
+    "publish": "publish and commit (transactions, window records)",
+    "http": "HTTP (/metrics scrapes, probes)",
+    "sender": "kafka-python producer's sender thread",
+    "network": "kafka-python's other threads (network, metadata)",
+    "imports": "start-up (imports)",
+    "other": "other (consumer loop, threads, runtime)",
+}
+
+
+def _frame(frame: str) -> tuple[str, str]:
+    """(function, file) of a py-spy raw frame ``function (path/file.py:line)``."""
+    function, _, where = frame.partition(" (")
+    return function, where.rsplit(":", 1)[0]
+
+
+def part_of(stack: list[str]) -> str:
+    """The part of the service a sample (outermost frame first) belongs to: the innermost
+    of its frames that says (SERVICE_PARTS); kafka-python below the consumer loop is its
+    poll; a stack with no such frame is start-up or a library thread. py-spy writes paths
+    relative to sys.path (``service/stream/join.py``, ``kafka/...``)."""
+    if any(frame.startswith("_find_and_load ") for frame in stack):
+        return "imports"
+    for depth in range(len(stack) - 1, -1, -1):
+        function, path = _frame(stack[depth])
+        if not path.startswith("service/"):
+            continue
+        module, function = path.removeprefix("service/"), function.rsplit(".", 1)[-1]
+        for prefix, functions, part in SERVICE_PARTS:
+            if module.startswith(prefix) and (not functions or function in functions):
+                return part
+        if module == "broker/consumer.py" and any("(kafka/" in f for f in stack[depth + 1 :]):
+            return "poll"
+    if any("(kafka/producer/sender.py" in frame for frame in stack):
+        return "sender"
+    return "network" if any("(kafka/" in frame for frame in stack) else "other"
+
+
+def profile_parts(raw: str) -> dict[str, int]:
+    """Samples per part from py-spy's raw (collapsed stacks) output."""
+    parts: dict[str, int] = {}
+    for line in raw.splitlines():
+        stack_text, _, count = line.rpartition(" ")
+        if not stack_text or not count.isdigit():
+            continue
+        name = PART_NAMES[part_of(stack_text.split(";"))]
+        parts[name] = parts.get(name, 0) + int(count)
+    return parts
+
+
+def print_profile(parts: dict[str, int], n: int, bare_rate: float | None) -> None:
+    total = sum(parts.values())
+    print(
+        f"where run's time goes (py-spy --gil at {PROFILE_RATE} Hz over the whole process "
+        f"life, {total} samples): us of interpreter-lock time per event"
+    )
+    for name, samples in sorted(parts.items(), key=lambda item: -item[1]):
+        us = samples / PROFILE_RATE / n * 1e6
+        print(f"  {name:<54} {us:6.2f}   {samples / total:4.0%}")
+    print(f"  {'in all':<54} {total / PROFILE_RATE / n * 1e6:6.2f}")
+    if bare_rate:
+        print(f"  (the bare loop: {1e6 / bare_rate:.2f} us per record, wall clock)")
 
 
 # -- the driver ----------------------------------------------------------------------------
@@ -278,6 +389,11 @@ def main() -> None:
         default=[],
         metavar="NAME=VALUE",
         help="a service setting for the run variant, e.g. exactly_once=false (repeatable)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more run under py-spy: where its time goes, us per event (needs py-spy)",
     )
     parser.add_argument("--variant", choices=("bare",), help=argparse.SUPPRESS)
     parser.add_argument("--topics", nargs=2, help=argparse.SUPPRESS)
@@ -344,7 +460,22 @@ def main() -> None:
                 figures["run"].append(
                     run_service(run_topics, log_path, n, counts["queries"], timeout_s, settings)
                 )
-        report(figures, n, counts)
+            report(figures, n, counts)
+            if args.profile:
+                group = f"{prefix}-profile"
+                groups.append(group)
+                raw_path = Path(tmp) / "profile.txt"
+                run_service(
+                    dataclasses.replace(topics, group=group),
+                    Path(tmp) / "profile.log",
+                    n,
+                    counts["queries"],
+                    timeout_s,
+                    settings,
+                    profile_to=raw_path,
+                )
+                parts = profile_parts(raw_path.read_text())
+                print_profile(parts, n, median_rate(figures["bare"], n))
     except BenchError as error:
         sys.exit(f"error: {error}")
     finally:

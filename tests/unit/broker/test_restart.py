@@ -363,6 +363,31 @@ def test_crash_after_publishing_repeats_identical_records(
     assert crashed.total("events") == clean.total("events")
 
 
+def test_finalising_less_often_than_polling_changes_nothing(
+    records: list[Record], clean: Outcome
+) -> None:
+    """The consumer loop finalises every ADVANCE_EVERY_MS of wall time and at commits, not
+    after every poll: the windows and every counter are those of finalising per batch
+    (lateness is decided by the watermark when a record arrives)."""
+    outcome = Outcome()
+    broker = FakeBroker()
+    life = start_life(broker, records, len(records), CONFIG, N_PARTITIONS, "transactional")
+    batches = 0
+    while polled := life.consumer.poll(50):
+        batches += 1
+        life.protocol.cycle(partial(life.feed, polled), commit=batches % 40 == 0, advance=False)
+        if batches == 190:  # 30 batches after a commit: nothing finalised since
+            assert life.protocol.unconfirmed == []
+            assert broker.windows() != []  # (the commits finalised)
+    life.protocol.cycle(life.pipeline.end_of_input, commit=True)
+    outcome.published = broker.windows()
+    outcome.counts.append(life.pipeline.counts)
+    assert batches > 190
+    assert outcome.conflicts() == {}
+    assert outcome.last_per_key() == clean.last_per_key()
+    assert_counters_match(outcome, clean)
+
+
 def test_a_failed_transaction_is_rebuilt_from_the_last_commit(
     records: list[Record], clean: Outcome
 ) -> None:
