@@ -39,6 +39,7 @@ from kafka import TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
+from service.broker import compat
 from service.broker.failpoints import failpoint
 from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
 from service.broker.publisher import CommitError, Publisher
@@ -236,13 +237,15 @@ class CommitProtocol:
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.
                 started = self.started[p] = {}
+                watermark = self.pipeline.streams[p].watermark
                 for topic, tp, m in zip(TOPICS, tps, meta, strict=True):
                     if m is None or m.offset is None or m.offset < 0:
-                        self.consumer.seek_to_beginning(tp)
+                        compat.seek_afresh(self.consumer, tp, None)
                         started[topic] = 0  # below the log start: the consumer resets
                     else:
-                        self.consumer.seek(tp, m.offset)
+                        compat.seek_afresh(self.consumer, tp, m.offset)
                         started[topic] = m.offset
+                    watermark.set_backlog(topic, True)  # never idle before the lag is known
             self.state.health.assigned = len(self.pipeline.streams)
         log.info("assigned partitions %s", sorted(partitions))
 

@@ -189,6 +189,27 @@ def fetch_state(consumer: KafkaConsumer, tp: Any) -> str:
     return ", ".join(f"{name} {value}" for name, value in facts.items())
 
 
+def seek_afresh(consumer: KafkaConsumer, tp: Any, offset: int | None) -> None:
+    """Seek ``tp`` to ``offset`` (None: its beginning) and forget its high watermark.
+
+    kafka-python keeps the high watermark of the last fetch answer across a seek. After
+    a rebuild seeks back to the commit, that stale figure can equal the committed offset
+    (the partition was read to its end when it was committed) while the log has grown
+    since: the lag would read 0 and the partition would count as caught up, and idle,
+    before a single record was fetched again, so that windows could close without the
+    feedback still to be read (seen once in the suite's broker-fault test, after the
+    settling of hanging offsets). Forgotten, the lag is unknown until a fetch answers.
+    """
+    if offset is None:
+        consumer.seek_to_beginning(tp)
+    else:
+        consumer.seek(tp, offset)
+    subscription = getattr(consumer, "_subscription", None)  # a 3.0.x internal
+    state = None if subscription is None else subscription.assignment.get(tp)
+    if state is not None:
+        state.highwater = None
+
+
 def unpark_resumed(consumer: KafkaConsumer) -> None:
     """Work around a kafka-python 3.0 fetcher bug that starves resumed partitions.
 

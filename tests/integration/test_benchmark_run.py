@@ -19,7 +19,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_run_kafka.p
 @pytest.mark.usefixtures("admin")  # fails with a clear message when the broker is missing
 def test_bench_run_kafka_runs_and_the_service_reads_everything() -> None:
     out = subprocess.run(
-        [sys.executable, str(SCRIPT), "--events", "3000", "--repeat", "1"],
+        [sys.executable, str(SCRIPT), "--events", "3000", "--repeat", "1", "--profile"],
         capture_output=True,
         text=True,
         check=True,
@@ -31,3 +31,7 @@ def test_bench_run_kafka_runs_and_the_service_reads_everything() -> None:
     )
     figure(out, "ratio run / bare events/s")
     figure(out, "run, process start to all windows published and committed: median")
+    # the py-spy run: its samples are put in parts, and the service's own parts are seen
+    assert "where run's time goes (py-spy --gil" in out
+    figure(out, "in all")
+    figure(out, "kafka-python poll (fetch, record parsing)")

@@ -65,3 +65,74 @@ def test_bench_detector_runs_and_detects_the_drops() -> None:
     assert all("100% (1/1)" in line for line in detector[1:]), out
     assert any(line.startswith("| per-look Welch detector") for line in rows), out
     assert "(tuned on the no-change runs)" in out
+
+
+def _stack(*frames: str) -> str:
+    """A py-spy collapsed stack from ``function path:line`` items."""
+    return ";".join(f"{f.split()[0]} ({f.split()[1]})" for f in frames)
+
+
+def test_run_profile_puts_samples_in_the_part_of_their_innermost_deciding_frame() -> None:
+    """bench_run_kafka --profile: py-spy's collapsed stacks to parts of the service."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import bench_run_kafka as bench
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    loop = ("KafkaEdge.run service/broker/consumer.py:206", "cycle service/broker/commits.py:124")
+    process = ("work service/broker/consumer.py:202", "_process service/broker/consumer.py:249")
+    thread = "Thread.run threading.py:982"
+    samples = [
+        # the metric core under finalisation is finalisation...
+        (
+            _stack(
+                *loop,
+                "Pipeline.advance service/stream/pipeline.py:271",
+                "aggregate_groups service/metrics/aggregates.py:133",
+            ),
+            7,
+        ),
+        # ... and under the follower's merge, the follower
+        (
+            _stack(
+                thread,
+                "WindowFollower._run service/broker/follower.py:160",
+                "SliceTotals.add service/stream/windows.py:130",
+                "merge_into service/metrics/aggregates.py:160",
+            ),
+            5,
+        ),
+        # the join's state under Pipeline.query is the join; the decoder is decoding
+        (
+            _stack(
+                *loop,
+                *process,
+                "Pipeline.query service/stream/pipeline.py:170",
+                "add_query service/stream/join.py:150",
+            ),
+            3,
+        ),
+        (_stack(*loop, *process, "decode_query service/stream/events.py:171"), 2),
+        # kafka-python under the consumer loop is its poll; its threads are its own
+        (
+            _stack(
+                "KafkaEdge.run service/broker/consumer.py:187",
+                "KafkaConsumer.poll kafka/consumer/group.py:827",
+            ),
+            11,
+        ),
+        (_stack(thread, "Sender.run kafka/producer/sender.py:113"), 1),
+        (_stack(thread, "NetworkSelector.run_forever kafka/net/selector.py:239"), 1),
+        (_stack("<module> service/__main__.py:5", "_find_and_load <frozen>:1176"), 4),
+    ]
+    raw = "\n".join(f"{stack} {count}" for stack, count in samples) + "\ngarbage line\n"
+    assert bench.profile_parts(raw) == {
+        "finalisation (advance, metric core)": 7,
+        "window follower (global view)": 5,
+        "join and bookkeeping (and the record loop)": 3,
+        "decode and validate (msgspec)": 2,
+        "kafka-python poll (fetch, record parsing)": 11,
+        "kafka-python producer's sender thread": 1,
+        "kafka-python's other threads (network, metadata)": 1,
+        "start-up (imports)": 4,
+    }
