@@ -40,12 +40,12 @@ from service.stream.watermark import NEVER
 log = logging.getLogger("retrieval_monitor.kafka")
 
 KAFKA_RETRY_S = 1.0
+"""Back-off after a retriable Kafka error (e.g. the broker is restarting) before retrying."""
 ADVANCE_EVERY_MS = 500
 """Wall time between finalisations (and at every commit): in catch-up a poll brings 2,000
 records and closes a few windows, and finalising them a poll at a time cost twice as
 much per window as finalising many at once (which equals it: lateness is decided by
 the watermark when a record arrives, not by when windows are finalised)."""
-"""Back-off after a retriable Kafka error (e.g. the broker is restarting) before retrying."""
 
 
 def check_copartitioned(queries: int | None, feedback: int | None, settings: Settings) -> int:

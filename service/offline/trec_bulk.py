@@ -55,7 +55,7 @@ class _Part:
 
 
 def _blocks(path: Path, block_bytes: int) -> Iterator[bytes]:
-    """The file in blocks that end at a line end (the last one may not)."""
+    """The file in blocks that end at a line end (an unterminated last line is ended)."""
     with path.open("rb") as handle:
         rest = b""
         while chunk := handle.read(block_bytes):
