@@ -30,7 +30,7 @@ from pydantic import Field as PydanticField
 from pydantic_core import ErrorDetails
 
 from service.errors import InputFileError
-from service.offline.trec_bulk import bad_utf8_line, read_trec_run
+from service.offline.trec_bulk import not_utf8, read_trec_run
 
 Judgments = dict[str, dict[str, int]]
 """query id -> chunk id -> grade."""
@@ -133,9 +133,7 @@ def _stream(path: str | Path) -> Iterator[tuple[int, str]]:
         try:
             yield from enumerate(handle, start=1)
         except UnicodeDecodeError:
-            raise InputFileError(
-                name, bad_utf8_line(path), "(line)", "not valid UTF-8; save the file as UTF-8"
-            ) from None
+            raise not_utf8(name) from None
 
 
 def _open_lines(path: str | Path) -> tuple[Iterator[tuple[int, str]], bool]:

@@ -220,24 +220,23 @@ class _Collector:
         return out
 
 
-def bad_utf8_line(path: str | Path) -> int:
-    """The 1-based number of the first line of the file that is not valid UTF-8 (0: none)."""
+def not_utf8(path: str | Path) -> InputFileError:
+    """The error for a file that is not valid UTF-8, naming its first bad line."""
     data = Path(path).read_bytes()
+    line = 0
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as error:
-        return data.count(b"\n", 0, error.start) + 1
-    return 0
+        line = data.count(b"\n", 0, error.start) + 1
+    return InputFileError(str(path), line, "(line)", "not valid UTF-8; save the file as UTF-8")
 
 
-def _block_lines(name: str, path: Path, data: bytes, before: int) -> list[tuple[int, str]]:
+def _block_lines(name: str, data: bytes, before: int) -> list[tuple[int, str]]:
     """The block's lines numbered as the line parser numbers them (universal newlines)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise InputFileError(
-            name, bad_utf8_line(path), "(line)", "not valid UTF-8; save the file as UTF-8"
-        ) from None
+        raise not_utf8(name) from None
     return list(enumerate(io.StringIO(text, newline=None), start=before + 1))
 
 
@@ -257,7 +256,7 @@ def read_trec_run(
                 collector.add_block(fast)
                 before += fast.lines
                 continue
-            lines = _block_lines(name, path, data, before)
+            lines = _block_lines(name, data, before)
             collector.add_columns(line_parser(name, iter(lines)))
             before = lines[-1][0] if lines else before
     except OSError as error:
