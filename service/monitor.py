@@ -24,7 +24,7 @@ from service.stream.counters import Counts
 from service.stream.join_state import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow, ClosedWindows
+from service.stream.windows import ClosedWindow, ClosedWindows, WindowIdent
 from service.times import HOUR_MS, MINUTE_MS
 
 
@@ -121,7 +121,7 @@ class WindowView:
         """Global mode: wall time from the last window's publication to its arrival here."""
         self.bad_records = 0
         """Global mode: records of the windows topic that were not window records."""
-        self._seen: dict[str, int] = {}
+        self._seen: dict[WindowIdent, int] = {}
         """Keys of the windows merged lately, with their end (a repeat is identical)."""
         self._check = 100_000
 
@@ -172,9 +172,12 @@ class WindowView:
 
     def add(self, windows: Sequence[ClosedWindow]) -> None:
         """Merge windows in; one seen before (a repeat of an identical record) is skipped."""
-        new = [w for w in windows if w.key not in self._seen]
-        for w in new:
-            self._seen[w.key] = w.end_ms
+        new = []
+        for w in windows:
+            ident = w.ident
+            if ident not in self._seen:
+                self._seen[ident] = w.end_ms
+                new.append(w)
         if len(self._seen) > self._check:
             horizon = max(self._seen.values()) - 2 * self.closed.retention_ms
             self._seen = {k: end for k, end in self._seen.items() if end >= horizon}

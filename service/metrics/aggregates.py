@@ -15,8 +15,8 @@ batch below 2**26 values.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
@@ -30,9 +30,12 @@ _LIMB_MASK = (1 << _LIMB_BITS) - 1
 _MAX_BATCH = 1 << _LIMB_BITS
 
 
-@dataclass(frozen=True, slots=True)
-class Moments:
-    """Count, sum and sum of squares of one metric; ``*_fx`` are fixed point (units of 2**-52)."""
+class Moments(msgspec.Struct, frozen=True, gc=False):
+    """Count, sum and sum of squares of one metric; ``*_fx`` are fixed point (units of 2**-52).
+
+    A frozen msgspec struct rather than a frozen dataclass: every window read back,
+    merged or finalised makes a few dozen of them, and a struct is made 8 times faster.
+    """
 
     count: int = 0
     sum_fx: int = 0

@@ -27,7 +27,7 @@ from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow, WindowSink
+from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
 
 
@@ -78,7 +78,7 @@ class Pipeline:
         """Told of every durable window and every closed boundary (the window view)."""
         self._closed_through_ms: int | None = None
         """Every window ending at or before this has closed (as of the last advance)."""
-        self._confirmed: dict[str, int] = {}
+        self._confirmed: dict[WindowIdent, int] = {}
         """Keys of the windows confirmed lately, with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
         self.recorder = recorder
@@ -341,9 +341,9 @@ class Pipeline:
         A window confirmed before (published again after a failed commit in at-least-once
         mode: the record is identical) is not counted again.
         """
-        windows = [w.without_labels() for w in windows if w.key not in self._confirmed]
+        windows = [w.without_labels() for w in windows if w.ident not in self._confirmed]
         for w in windows:
-            self._confirmed[w.key] = w.end_ms
+            self._confirmed[w.ident] = w.end_ms
         if len(self._confirmed) > self._confirmed_check:
             self._forget_confirmed()
         for w in windows:

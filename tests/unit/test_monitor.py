@@ -15,9 +15,10 @@ def test_a_window_sent_twice_is_merged_once() -> None:
     view.add(first)
     view.add(first[:2])  # published again (at least once), or read back from the topic
     view.add([_window(T0, 6, partition=1)])
+    view.add([_window(T0 + W, 5, partition=2)] * 2)  # twice in one poll of the windows topic
     rolling = view.closed.rolling(3_600_000, T0 + 2 * W)
-    assert rolling["v1", "docs"].labelled == 15
-    assert rolling["v1", "docs"].metrics["mrr"].count == 15
+    assert rolling["v1", "docs"].labelled == 20
+    assert rolling["v1", "docs"].metrics["mrr"].count == 20
     [(_, _, start, totals), _] = view.closed.listing()
     assert (start, totals.labelled) == (T0, 10)
 
