@@ -98,7 +98,7 @@ class PartitionStream:
         """Note a record's offset (valid or not); return whether it is to be counted."""
         if offset >= self.next_offset[topic]:
             self.next_offset[topic] = offset + 1
-        self.watermark.touch(topic, now_ms)
+        self.watermark.last_seen[topic] = now_ms
         return offset >= self.counted_from[topic]
 
     def add_query(
@@ -132,7 +132,8 @@ class PartitionStream:
                     self.n_orphans -= len(waiting)
                     self.held.feedback -= len(waiting)
             return False
-        self.watermark.observe(QUERIES, ts_ms)
+        latest = self.watermark.latest
+        latest[QUERIES] = max(latest[QUERIES], ts_ms)
         if self.watermark.value > ts_ms + cfg.attribution_ms:
             if count:
                 self.counts.late[QUERIES] += 1
@@ -177,7 +178,8 @@ class PartitionStream:
     ) -> None:
         """Take a feedback event with its grade (already mapped from its signal)."""
         cfg = self.config
-        self.watermark.observe(FEEDBACK, ts_ms)
+        latest = self.watermark.latest
+        latest[FEEDBACK] = max(latest[FEEDBACK], ts_ms)
         wm = self.watermark.value
         packed = self.pending.get(query_id)
         if packed is not None:

@@ -21,7 +21,7 @@ NEVER = -(1 << 62)
 class PartitionWatermark:
     """Watermark of one partition; ``idle_timeout_ms=None`` disables idleness (replay)."""
 
-    __slots__ = ("_backlog", "_idle_ms", "_last_seen", "_max_ts", "_now", "_ooo_ms", "value")
+    __slots__ = ("_backlog", "_idle_ms", "_now", "_ooo_ms", "last_seen", "latest", "value")
 
     def __init__(
         self, max_out_of_orderness_ms: int, idle_timeout_ms: int | None, now_ms: Callable[[], int]
@@ -30,18 +30,13 @@ class PartitionWatermark:
         self._idle_ms = idle_timeout_ms
         self._now = now_ms
         start = now_ms()
-        self._max_ts = [NEVER, NEVER]
-        self._last_seen = [start, start]
+        # both kept by the join, per record (a method call each would cost as much again)
+        self.latest = [NEVER, NEVER]
+        """Per topic (QUERIES, FEEDBACK), the largest event time seen."""
+        self.last_seen = [start, start]
+        """Per topic, the wall time at which its last record (valid or not) arrived."""
         self._backlog = [False, False]
         self.value = NEVER
-
-    def observe(self, topic: Topic, ts_ms: int) -> None:
-        """A record of ``topic`` (QUERIES or FEEDBACK) with event time ``ts_ms`` arrived."""
-        self._max_ts[topic] = max(self._max_ts[topic], ts_ms)
-
-    def touch(self, topic: Topic, now_ms: int) -> None:
-        """A record (valid or not) arrived on ``topic`` at wall time ``now_ms``."""
-        self._last_seen[topic] = now_ms
 
     def set_backlog(self, topic: Topic, behind: bool) -> None:
         """Whether the topic partition still has unread records (then it is never idle)."""
@@ -49,18 +44,18 @@ class PartitionWatermark:
 
     def max_ts(self, topic: Topic) -> int:
         """Largest event time seen on the topic (NEVER before the first)."""
-        return self._max_ts[topic]
+        return self.latest[topic]
 
     def update(self) -> int:
         """Recompute the watermark from what was seen and the wall clock; return it."""
         if self._idle_ms is None:
-            candidate = min(self._max_ts)
+            candidate = min(self.latest)
         else:
             now = self._now()
             active = [
-                self._max_ts[t]
+                self.latest[t]
                 for t in (QUERIES, FEEDBACK)
-                if self._backlog[t] or now - self._last_seen[t] < self._idle_ms
+                if self._backlog[t] or now - self.last_seen[t] < self._idle_ms
             ]
             candidate = min(active) if active else now
         if candidate == NEVER:
@@ -71,7 +66,7 @@ class PartitionWatermark:
 
     def finish(self, horizon_ms: int) -> int:
         """End of input (replay): move ``horizon_ms`` past the last event so all is final."""
-        last = max(self._max_ts)
+        last = max(self.latest)
         if last != NEVER:
             self.value = max(self.value, last + horizon_ms)
         return self.value
