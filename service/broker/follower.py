@@ -29,7 +29,6 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-import orjson
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
@@ -62,7 +61,7 @@ def decode_windows(records: Iterable[WindowRecord]) -> tuple[list[ClosedWindow],
     for record in records:
         oldest = record.timestamp if oldest is None else min(oldest, record.timestamp)
         try:
-            windows.append(ClosedWindow.from_record(orjson.loads(record.value)))
+            windows.append(ClosedWindow.from_json(record.value))
         except (ValueError, KeyError, TypeError) as error:
             bad += 1
             log.warning(

@@ -44,6 +44,15 @@ def test_bench_replay_runs_and_every_query_is_finalised() -> None:
     assert abs(sum(parts) - figure(out, "replay in all")) < 0.05  # (rounded to 0.01 each)
 
 
+def test_bench_window_records_runs_and_reads_every_window_back() -> None:
+    out = _run("bench_window_records.py", "--events", "3000", "--repeat", "1")
+    assert re.search(r"data: \d+ window records", out)
+    assert "every record read back as the window written: True" in out
+    for label in ("orjson.loads", "decode_windows", "WindowView.add"):
+        assert re.search(re.escape(label) + r"\s+median\s+\d[\d.]* us per record", out), out
+    figure(out, "read back in all")
+
+
 @pytest.mark.slow
 def test_bench_memory_runs_and_nothing_is_finalised_or_evicted() -> None:
     out = _run("bench_memory.py", "--queries", "2000", "--repeat", "1", "--traced", "500")
