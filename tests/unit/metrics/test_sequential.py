@@ -193,10 +193,15 @@ def test_the_drop_ratio_is_the_half_normal_mixture() -> None:
     assert all(math.isfinite(x) for x in rises)  # far in the normal tail too
 
 
-def test_the_drop_radius_is_where_the_drop_ratio_reaches_one_over_alpha() -> None:
-    v, tau = 2.5e-4, 0.05
+@pytest.mark.parametrize(
+    ("v", "tau"), [(2.5e-4, 0.05), (1e-7, 0.05), (1e-2, 0.02), (3e-5, 0.2), (1e-9, 0.5)]
+)
+def test_the_drop_radius_is_where_the_drop_ratio_reaches_one_over_alpha(
+    v: float, tau: float
+) -> None:
     r = drop_radius(v, tau, ALPHA)
     assert log_drop_ratio(-r, v, tau) == pytest.approx(math.log(1 / ALPHA), abs=1e-9)
+    assert log_drop_ratio(-r * (1 - 1e-6), v, tau) < math.log(1 / ALPHA)  # the smallest such
     assert 0 < r < confidence_radius(v, tau, ALPHA)  # one-sided: tighter
 
 
