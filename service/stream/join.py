@@ -109,13 +109,13 @@ class PartitionStream:
         ts_ms: int,
         retriever: str,
         segment: str,
-        ranking: array[int],
+        ranking: bytes,
         context_k: int,
     ) -> bool:
         """Take a query event; return True when it was accepted (not late, not a duplicate).
 
-        ``ranking`` holds the chunk-id hashes in rank order; ``context_k`` is -1 when the
-        query logged none.
+        ``ranking`` holds the chunk-id hashes in rank order (native int64 bytes);
+        ``context_k`` is -1 when the query logged none.
         """
         cfg = self.config
         start = ts_ms - ts_ms % cfg.window_ms
@@ -159,7 +159,7 @@ class PartitionStream:
             self.wide_context_k[query_id] = context_k
             context_k = WIDE
         head = window.serial * cfg.window_ms + ts_ms - start
-        self.pending[query_id] = HEADER.pack(head, context_k) + ranking.tobytes()
+        self.pending[query_id] = HEADER.pack(head, context_k) + ranking
         self.held.queries += 1
         if count:
             self.counts.queries[retriever, segment] += 1

@@ -9,7 +9,7 @@ metric core, which is what makes streaming results equal the offline evaluation.
 
 from __future__ import annotations
 
-from array import array
+import struct
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -45,13 +45,26 @@ class PipelineConfig:
     labels: LabelPolicy = field(default_factory=LabelPolicy)
 
 
-def chunk_hashes(results: Sequence[str | ScoredResult]) -> array[int]:
-    """The chunk ids as 64-bit hashes in rank order (the join only compares ids of one
+def chunk_hashes(results: Sequence[str | ScoredResult]) -> list[int]:
+    """The chunk ids' 64-bit hashes in rank order (the join only compares ids of one
     query)."""
     try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
-        return array("q", map(hash, results))
+        return list(map(hash, results))
     except TypeError:
-        return array("q", [hash(r) if type(r) is str else hash(r.chunk_id) for r in results])  # type: ignore[union-attr]
+        return [hash(r) if type(r) is str else hash(r.chunk_id) for r in results]  # type: ignore[union-attr]
+
+
+_LAYOUTS: dict[int, struct.Struct] = {}
+"""Native int64 layouts by number of results (at most ``MAX_RESULTS + 1`` of them)."""
+
+
+def packed_hashes(hashes: list[int]) -> bytes:
+    """The hashes as native int64 bytes, in one call (an ``array`` built from them cost
+    half as much again)."""
+    layout = _LAYOUTS.get(len(hashes))
+    if layout is None:
+        layout = _LAYOUTS[len(hashes)] = struct.Struct(f"={len(hashes)}q")
+    return layout.pack(*hashes)
 
 
 class Pipeline:
@@ -160,8 +173,8 @@ class Pipeline:
             if error is not None:
                 return error
         results = event.results
-        ranking = chunk_hashes(results)
-        if count and len(set(ranking)) != len(ranking):
+        hashes = chunk_hashes(results)
+        if count and len(set(hashes)) != len(hashes):
             self.counts.duplicate_results += 1
         retriever = event.retriever
         if retriever not in self._retriever.values:
@@ -177,7 +190,7 @@ class Pipeline:
             ts_ms,
             retriever,
             segment,
-            ranking,
+            packed_hashes(hashes),
             -1 if context_k is None else context_k,
         )
         if accepted:
