@@ -270,18 +270,22 @@ class PartitionStream:
         cursor = window.cursor
         ids = window.query_ids[cursor:]
         pending, labels, recent = self.pending, self.labels, self._recent
+        window_ms, serial = self.config.window_ms, window.serial
         for query_id in ids:
             packed = pending.get(query_id)
-            if self._holds(packed, window):
-                del pending[query_id]
-                rankings.append(packed)  # type: ignore[arg-type]
-                grades.append(labels.pop(query_id, None))
-                context_k = HEADER.unpack_from(packed)[1]  # type: ignore[arg-type]
-                if context_k == WIDE:
-                    context_k = self.wide_context_k.pop(query_id)
-                context_ks.append(context_k)
-                held.append(query_id)
-                recent[query_id] = None
+            if packed is None:
+                continue
+            head, context_k = HEADER.unpack_from(packed)
+            if head // window_ms != serial:  # (the id is pending again, in a later window)
+                continue
+            del pending[query_id]
+            rankings.append(packed)
+            grades.append(labels.pop(query_id, None))
+            if context_k == WIDE:
+                context_k = self.wide_context_k.pop(query_id)
+            context_ks.append(context_k)
+            held.append(query_id)
+            recent[query_id] = None
         self.held.queries -= len(rankings)
         end = key[2] + self.config.window_ms
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
