@@ -122,7 +122,7 @@ class WindowView:
         self.bad_records = 0
         """Global mode: records of the windows topic that were not window records."""
         self._seen: dict[WindowIdent, int] = {}
-        """Keys of the windows merged lately, with their end (a repeat is identical)."""
+        """The windows merged lately (by ident), with their end (a repeat is identical)."""
         self._check = 100_000
 
     @property

@@ -92,7 +92,7 @@ class Pipeline:
         self._closed_through_ms: int | None = None
         """Every window ending at or before this has closed (as of the last advance)."""
         self._confirmed: dict[WindowIdent, int] = {}
-        """Keys of the windows confirmed lately, with their end (to ignore a re-publish)."""
+        """The windows confirmed lately (by ident), with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
         self.recorder = recorder
         """Keeps what the labels output needs (None: that output is off)."""
