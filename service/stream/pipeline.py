@@ -9,8 +9,7 @@ metric core, which is what makes streaming results equal the offline evaluation.
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,7 +19,8 @@ from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
-from service.stream.events import FeedbackEvent, QueryEvent, ScoredResult
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.hashes import chunk_hashes, packed_hashes
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
@@ -43,28 +43,6 @@ class PipelineConfig:
     max_label_values: int = 50
     rolling_ms: tuple[int, ...] = (15 * MINUTE_MS, HOUR_MS, DAY_MS)
     labels: LabelPolicy = field(default_factory=LabelPolicy)
-
-
-def chunk_hashes(results: Sequence[str | ScoredResult]) -> list[int]:
-    """The chunk ids' 64-bit hashes in rank order (the join only compares ids of one
-    query)."""
-    try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
-        return list(map(hash, results))
-    except TypeError:
-        return [hash(r) if type(r) is str else hash(r.chunk_id) for r in results]  # type: ignore[union-attr]
-
-
-_LAYOUTS: dict[int, struct.Struct] = {}
-"""Native int64 layouts by number of results (at most ``MAX_RESULTS + 1`` of them)."""
-
-
-def packed_hashes(hashes: list[int]) -> bytes:
-    """The hashes as native int64 bytes, in one call (an ``array`` built from them cost
-    half as much again)."""
-    layout = _LAYOUTS.get(len(hashes))
-    if layout is None:
-        layout = _LAYOUTS[len(hashes)] = struct.Struct(f"={len(hashes)}q")
-    return layout.pack(*hashes)
 
 
 class Pipeline:

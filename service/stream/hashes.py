@@ -1,0 +1,30 @@
+"""A query's chunk ids as the join keeps them: 64-bit hashes, packed as native int64."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from service.stream.events import ScoredResult
+
+
+def chunk_hashes(results: Sequence[str | ScoredResult]) -> list[int]:
+    """The chunk ids' 64-bit hashes in rank order (the join only compares ids of one
+    query)."""
+    try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
+        return list(map(hash, results))
+    except TypeError:
+        return [hash(r) if type(r) is str else hash(r.chunk_id) for r in results]  # type: ignore[union-attr]
+
+
+_LAYOUTS: dict[int, struct.Struct] = {}
+"""Native int64 layouts by number of results (at most ``MAX_RESULTS + 1`` of them)."""
+
+
+def packed_hashes(hashes: list[int]) -> bytes:
+    """The hashes as native int64 bytes, in one call (an ``array`` built from them cost
+    half as much again)."""
+    layout = _LAYOUTS.get(len(hashes))
+    if layout is None:
+        layout = _LAYOUTS[len(hashes)] = struct.Struct(f"={len(hashes)}q")
+    return layout.pack(*hashes)
