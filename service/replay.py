@@ -65,8 +65,7 @@ def _check_line_size(raw: bytes) -> None:
 
 def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
     """Decode one replay line; raise LineError with the event's reason code if bad."""
-    if len(raw) > MAX_EVENT_BYTES + 64:  # (the size check, inline: once per line)
-        _check_line_size(raw)
+    _check_line_size(raw)
     try:
         line = _LINE.decode(raw)
     except msgspec.ValidationError:
