@@ -1,11 +1,13 @@
-"""Everything that reaches into kafka-python's private attributes, in one place.
+"""Everything that reaches into kafka-python's private attributes, in one place (with
+:mod:`.records`, its fetched records unpacked leanly).
 
 kafka-python's public API waits without a limit on transactional requests, has no way
 to commit offsets or fetch committed offsets from inside a rebalance callback (which
-runs on its IO thread), and parks fetched records of paused partitions in a way that
-can starve them after a resume. The service works around each through the internals
-below, written for kafka-python 3.0: :func:`check_version` refuses any other version at
-start, with the version found and the one to install.
+runs on its IO thread), parks fetched records of paused partitions in a way that can
+starve them after a resume, and unpacks fetched records at a high cost per record. The
+service works around each through the internals below, written for kafka-python 3.0:
+:func:`check_version` refuses any other version at start, with the version found and
+the one to install.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka.errors import CoordinatorNotAvailableError, KafkaTimeoutError
 from kafka.protocol.consumer import OffsetFetchRequest
 
+from service.broker.records import LeanPartitionRecords
 from service.errors import ConfigError
 
 log = logging.getLogger("retrieval_monitor.kafka")
@@ -208,6 +211,15 @@ def seek_afresh(consumer: KafkaConsumer, tp: Any, offset: int | None) -> None:
     state = None if subscription is None else subscription.assignment.get(tp)
     if state is not None:
         state.highwater = None
+
+
+def lean_records(consumer: KafkaConsumer) -> None:
+    """Have ``consumer`` unpack fetched record batches the lean way (:mod:`.records`).
+
+    ``Fetcher`` builds each fetched partition's records with its class attribute
+    ``PartitionRecords``; this consumer's fetcher gets the subclass instead.
+    """
+    consumer._fetcher.PartitionRecords = LeanPartitionRecords
 
 
 def unpark_resumed(consumer: KafkaConsumer) -> None:

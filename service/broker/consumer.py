@@ -121,6 +121,7 @@ class KafkaEdge:
                 heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
                 client_id="retrieval-monitor",
             )
+            compat.lean_records(self.consumer)
             publisher = make_publisher(
                 client,
                 settings.windows_topic,

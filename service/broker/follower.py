@@ -119,6 +119,7 @@ class WindowFollower:
             isolation_level="read_committed",
             client_id="retrieval-monitor-follower",
         )
+        compat.lean_records(self.consumer)
         self._ends = KafkaConsumer(  # read uncommitted: its end offsets are high watermarks
             **client, group_id=None, enable_auto_commit=False, client_id="retrieval-monitor-ends"
         )
