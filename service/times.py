@@ -6,6 +6,7 @@ formatting, durations (``90s``, ``5m``, ``1h``, ``2d``) and their labels.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from datetime import UTC, datetime, timedelta
@@ -39,8 +40,11 @@ def parse_aware_ms(text: str) -> int | None:
     return None if moment.tzinfo is None else to_epoch_ms(moment)
 
 
+@functools.lru_cache(maxsize=4096)
 def rfc3339(ms: int) -> str:
-    """``2026-12-02T08:00:00Z`` (milliseconds shown only when not zero)."""
+    """``2026-12-02T08:00:00Z`` (milliseconds shown only when not zero). Cached: window
+    bounds are formatted again and again (every window record and key, one start shared by
+    every retriever, segment and partition), and ``strftime`` is slow."""
     moment = datetime.fromtimestamp(ms / 1000, tz=UTC)
     if ms % 1000:
         return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"

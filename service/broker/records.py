@@ -56,7 +56,7 @@ def unpack_batch(  # noqa: PLR0912, PLR0915 - one loop, written out: it runs per
     sizes: list[int] = []
     append = out.append
     size = sizes.append
-    new = ConsumerRecord
+    new, record_type = tuple.__new__, ConsumerRecord
     try:
         for _ in range(count):
             # Length => Varint (zigzag, as every varint here); a record over 63 bytes
@@ -141,20 +141,23 @@ def unpack_batch(  # noqa: PLR0912, PLR0915 - one loop, written out: it runs per
                 )
             size(length)
             append(
-                new(
-                    topic,
-                    partition,
-                    leader_epoch,
-                    base_offset + offset_delta,
-                    max_ts if log_append else first_ts + ts_delta,
-                    ts_type,
-                    key,
-                    value,
-                    headers,
-                    None,
-                    key_size,
-                    value_size,
-                    header_size,
+                new(  # ConsumerRecord(...) without the call of its generated __new__
+                    record_type,
+                    (
+                        topic,
+                        partition,
+                        leader_epoch,
+                        base_offset + offset_delta,
+                        max_ts if log_append else first_ts + ts_delta,
+                        ts_type,
+                        key,
+                        value,
+                        headers,
+                        None,
+                        key_size,
+                        value_size,
+                        header_size,
+                    ),
                 )
             )
         if pos != len(buf):

@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from pydantic import AwareDatetime, ConfigDict, TypeAdapter, ValidationError
 
 from service.errors import EventError
-from service.times import to_epoch_ms
+from service.times import EPOCH, to_epoch_ms
 
 MAX_EVENT_BYTES = 1 << 20
 """Largest accepted encoded event (1 MiB: 1,000 results of 500-character ids fit)."""
@@ -50,17 +50,21 @@ did, any value is accepted and overwritten."""
 
 def _epoch_ms(timestamp: datetime | float) -> int:
     """Integer milliseconds since the epoch; seconds given as a number are taken to the
-    microsecond (rounded), then floored to the millisecond, as for an RFC 3339 time."""
+    microsecond (rounded), then floored to the millisecond, as for an RFC 3339 time.
+    EventError for epoch seconds outside years 1 to 9999 (what a datetime holds)."""
     if isinstance(timestamp, datetime):
         return to_epoch_ms(timestamp)
     if not _FIRST_SECOND <= timestamp <= _LAST_SECOND:  # (also NaN)
-        return _OUT_OF_RANGE
+        raise EventError(
+            "invalid_timestamp",
+            f"field 'timestamp': epoch seconds must lie in years 1 to 9999 "
+            f"(got {timestamp!r}); send seconds, not milliseconds, or an RFC 3339 time",
+        )
     seconds = math.floor(timestamp)
     return (seconds * 1_000_000 + round((timestamp - seconds) * 1e6)) // 1000
 
 
-_OUT_OF_RANGE = -(1 << 62)
-"""``timestamp_ms`` of epoch seconds outside years 1 to 9999 (the decoder refuses it)."""
+_MS = timedelta(milliseconds=1)
 
 
 class ScoredResult(Struct, gc=False):
@@ -89,7 +93,12 @@ class QueryEvent(Struct, gc=False):
     """Event time in integer milliseconds since the epoch (derived from ``timestamp``)."""
 
     def __post_init__(self) -> None:
-        self.timestamp_ms = _epoch_ms(self.timestamp)
+        # the checks the decoder's types cannot express: an EventError raised here comes
+        # out of the decoder as it is; (to_epoch_ms written out: this runs per event)
+        moment = self.timestamp
+        self.timestamp_ms = (
+            (moment - EPOCH) // _MS if type(moment) is datetime else _epoch_ms(moment)
+        )
         if self.segment is None:
             self.segment = "default"
 
@@ -118,7 +127,15 @@ class FeedbackEvent(Struct, gc=False):
     """Event time in integer milliseconds since the epoch (derived from ``timestamp``)."""
 
     def __post_init__(self) -> None:
-        self.timestamp_ms = _epoch_ms(self.timestamp)
+        moment = self.timestamp  # (as QueryEvent's)
+        self.timestamp_ms = (
+            (moment - EPOCH) // _MS if type(moment) is datetime else _epoch_ms(moment)
+        )
+        if self.grade is None and self.signal == "judgment":
+            raise EventError(
+                "judgment_without_grade",
+                "field '(event)': a 'judgment' needs an integer 'grade' from 0 to 3",
+            )
 
 
 _E = TypeVar("_E", QueryEvent, MappedQueryEvent, FeedbackEvent)
@@ -127,21 +144,6 @@ _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     QueryEvent: msgspec.json.Decoder(QueryEvent),
     FeedbackEvent: msgspec.json.Decoder(FeedbackEvent),
 }
-
-
-def check(event: QueryEvent | FeedbackEvent) -> None:
-    """The checks the decoder's types cannot express; EventError if one fails."""
-    if event.timestamp_ms == _OUT_OF_RANGE:
-        raise EventError(
-            "invalid_timestamp",
-            f"field 'timestamp': epoch seconds must lie in years 1 to 9999 "
-            f"(got {event.timestamp!r}); send seconds, not milliseconds, or an RFC 3339 time",
-        )
-    if type(event) is FeedbackEvent and event.signal == "judgment" and event.grade is None:
-        raise EventError(
-            "judgment_without_grade",
-            "field '(event)': a 'judgment' needs an integer 'grade' from 0 to 3",
-        )
 
 
 def check_size(raw: bytes | str) -> None:
@@ -154,28 +156,39 @@ def check_size(raw: bytes | str) -> None:
         )
 
 
-def _decode(kind: type[_E], raw: bytes | str) -> _E:
-    check_size(raw)
-    try:
-        event: _E = _DECODERS[kind].decode(raw)
-    except msgspec.DecodeError as error:  # (ValidationError too) the slow path, see _convert
-        try:
-            obj = json.loads(raw)
-        except ValueError:  # (UnicodeDecodeError too)
-            raise EventError("invalid_json", f"not valid JSON: {_plain(str(error))}") from None
-        return _convert(kind, obj)
-    check(event)
-    return event
+_QUERY = _DECODERS[QueryEvent]
+_FEEDBACK = _DECODERS[FeedbackEvent]
 
 
 def decode_query(raw: bytes | str) -> QueryEvent:
     """Decode and validate one query event from JSON bytes; raise EventError if bad."""
-    return _decode(QueryEvent, raw)
+    if len(raw) > MAX_EVENT_BYTES:  # (the checks are written out: this runs per event)
+        check_size(raw)
+    try:
+        event: QueryEvent = _QUERY.decode(raw)
+    except msgspec.DecodeError as error:
+        return _decode_refused(QueryEvent, raw, error)
+    return event
 
 
 def decode_feedback(raw: bytes | str) -> FeedbackEvent:
     """Decode and validate one feedback event from JSON bytes; raise EventError if bad."""
-    return _decode(FeedbackEvent, raw)
+    if len(raw) > MAX_EVENT_BYTES:
+        check_size(raw)
+    try:
+        event: FeedbackEvent = _FEEDBACK.decode(raw)
+    except msgspec.DecodeError as error:
+        return _decode_refused(FeedbackEvent, raw, error)
+    return event
+
+
+def _decode_refused(kind: type[_E], raw: bytes | str, error: msgspec.DecodeError) -> _E:
+    """An event the decoder refused (a ValidationError too): the slow path, see _convert."""
+    try:
+        obj = json.loads(raw)
+    except ValueError:  # (UnicodeDecodeError too)
+        raise EventError("invalid_json", f"not valid JSON: {_plain(str(error))}") from None
+    return _convert(kind, obj)
 
 
 def query_from(obj: Mapping[str, Any]) -> QueryEvent:
@@ -194,7 +207,7 @@ def feedback_from(obj: Mapping[str, Any]) -> FeedbackEvent:
 
 
 def _convert(kind: type[_E], obj: object) -> _E:
-    """Validate a decoded JSON value; for a bad event from :func:`_decode` also the slow
+    """Validate a decoded JSON value; for a bad event from :func:`_decode_refused` also the slow
     path, which accepts what the decoder refuses and pydantic accepted before it: NaN and
     Infinity (not JSON, but Python's ``json.dumps`` writes them, a score of ``nan``) and
     ISO 8601 times beyond RFC 3339 (``2026-12-02T08:00Z``, as Java's ``OffsetDateTime``
@@ -206,7 +219,6 @@ def _convert(kind: type[_E], obj: object) -> _E:
         if moment is None:
             raise explain(error, lambda: obj) from None
         return _convert(kind, {**obj, "timestamp": moment})  # type: ignore[dict-item]
-    check(event)
     return event
 
 

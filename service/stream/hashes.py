@@ -1,4 +1,5 @@
-"""A query's chunk ids as the join keeps them: 64-bit hashes, packed as native int64."""
+"""A query's chunk ids as the join keeps them: 64-bit hashes, packed as native int64
+after the pending query's header (``join_state.HEADER``)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ def chunk_hashes(results: Sequence[str | ScoredResult]) -> list[int]:
 
 
 _LAYOUTS: dict[int, struct.Struct] = {}
-"""Native int64 layouts by number of results (at most ``MAX_RESULTS + 1`` of them)."""
+"""A pending query's layouts by number of results (at most ``MAX_RESULTS + 1``)."""
 
 
-def packed_hashes(hashes: list[int]) -> bytes:
-    """The hashes as native int64 bytes, in one call (an ``array`` built from them cost
-    half as much again)."""
+def packed_query(head: int, context_k: int, hashes: list[int]) -> bytes:
+    """A pending query as the join keeps it: ``HEADER`` (its first word, ``context_k``),
+    then the hashes as native int64, in one ``struct`` call (an ``array`` of the hashes
+    cost half as much again)."""
     layout = _LAYOUTS.get(len(hashes))
     if layout is None:
-        layout = _LAYOUTS[len(hashes)] = struct.Struct(f"={len(hashes)}q")
-    return layout.pack(*hashes)
+        layout = _LAYOUTS[len(hashes)] = struct.Struct(f"=qi{len(hashes)}q")
+    return layout.pack(head, context_k, *hashes)

@@ -26,6 +26,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from service.stream.counters import Counts
+from service.stream.hashes import packed_query
 from service.stream.join_state import (
     HEAD,
     HEADER,
@@ -109,13 +110,13 @@ class PartitionStream:
         ts_ms: int,
         retriever: str,
         segment: str,
-        ranking: bytes,
+        hashes: list[int],
         context_k: int,
     ) -> bool:
         """Take a query event; return True when it was accepted (not late, not a duplicate).
 
-        ``ranking`` holds the chunk-id hashes in rank order (native int64 bytes);
-        ``context_k`` is -1 when the query logged none.
+        ``hashes`` are the chunk ids' hashes in rank order; ``context_k`` is -1 when the
+        query logged none.
         """
         cfg = self.config
         start = ts_ms - ts_ms % cfg.window_ms
@@ -132,9 +133,10 @@ class PartitionStream:
                     self.n_orphans -= len(waiting)
                     self.held.feedback -= len(waiting)
             return False
-        latest = self.watermark.latest
-        latest[QUERIES] = max(latest[QUERIES], ts_ms)
-        if self.watermark.value > ts_ms + cfg.attribution_ms:
+        watermark = self.watermark
+        if ts_ms > watermark.latest[QUERIES]:  # noqa: PLR1730 - no call: it runs per record
+            watermark.latest[QUERIES] = ts_ms
+        if watermark.value > ts_ms + cfg.attribution_ms:
             if count:
                 self.counts.late[QUERIES] += 1
             return False
@@ -159,7 +161,7 @@ class PartitionStream:
             self.wide_context_k[query_id] = context_k
             context_k = WIDE
         head = window.serial * cfg.window_ms + ts_ms - start
-        self.pending[query_id] = HEADER.pack(head, context_k) + ranking
+        self.pending[query_id] = packed_query(head, context_k, hashes)
         self.held.queries += 1
         if count:
             self.counts.queries[retriever, segment] += 1
@@ -178,9 +180,10 @@ class PartitionStream:
     ) -> None:
         """Take a feedback event with its grade (already mapped from its signal)."""
         cfg = self.config
-        latest = self.watermark.latest
-        latest[FEEDBACK] = max(latest[FEEDBACK], ts_ms)
-        wm = self.watermark.value
+        watermark = self.watermark
+        if ts_ms > watermark.latest[FEEDBACK]:  # noqa: PLR1730 - as above
+            watermark.latest[FEEDBACK] = ts_ms
+        wm = watermark.value
         packed = self.pending.get(query_id)
         if packed is not None:
             serial, since = divmod(HEAD.unpack_from(packed)[0], cfg.window_ms)
@@ -229,7 +232,8 @@ class PartitionStream:
             labels = self.labels[query_id] = {}
         if grade > labels.get(chunk, -1):
             labels[chunk] = grade
-        window.min_fb_offset = min(window.min_fb_offset, offset)
+        if offset < window.min_fb_offset:  # noqa: PLR1730 - no call: it runs per record
+            window.min_fb_offset = offset
         return True
 
     def _holds(self, packed: bytes | None, window: OpenWindow) -> bool:

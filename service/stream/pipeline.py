@@ -20,7 +20,7 @@ from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.hashes import chunk_hashes, packed_hashes
+from service.stream.hashes import chunk_hashes
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
@@ -74,6 +74,11 @@ class Pipeline:
         self._confirmed_check = 100_000
         self.recorder = recorder
         """Keeps what the labels output needs (None: that output is off)."""
+        # read on every record (the config is frozen)
+        self._max_skew_ms = config.max_future_skew_ms
+        self._max_pending_queries = config.max_pending_queries
+        self._max_pending_feedback = config.max_pending_feedback
+        self._grade = config.labels.grade
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -143,15 +148,18 @@ class Pipeline:
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
         now_ms = self.now_ms()
-        count = stream.seen(QUERIES, offset, now_ms)
+        # stream.seen(QUERIES, ...), written out
+        if offset >= stream.next_offset[QUERIES]:
+            stream.next_offset[QUERIES] = offset + 1
+        stream.watermark.last_seen[QUERIES] = now_ms
+        count = offset >= stream.counted_from[QUERIES]
         if count:
             self.counts.events[QUERIES] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
+        if ts_ms < 0 or ts_ms - now_ms > self._max_skew_ms:
             error = self._refused(QUERIES, ts_ms, now_ms, count)
             if error is not None:
                 return error
-        results = event.results
-        hashes = chunk_hashes(results)
+        hashes = chunk_hashes(event.results)
         if count and len(set(hashes)) != len(hashes):
             self.counts.duplicate_results += 1
         retriever = event.retriever
@@ -168,7 +176,7 @@ class Pipeline:
             ts_ms,
             retriever,
             segment,
-            packed_hashes(hashes),
+            hashes,
             -1 if context_k is None else context_k,
         )
         if accepted:
@@ -178,7 +186,7 @@ class Pipeline:
             first = self.counts.first_seen_ms.get(retriever)
             if first is None or ts_ms < first:
                 self.counts.first_seen_ms[retriever] = ts_ms
-            if self.held.queries > self.config.max_pending_queries:  # all partitions
+            if self.held.queries > self._max_pending_queries:  # all partitions
                 self._evict_queries()
         return None
 
@@ -187,19 +195,22 @@ class Pipeline:
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
         now_ms = self.now_ms()
-        count = stream.seen(FEEDBACK, offset, now_ms)
+        # stream.seen(FEEDBACK, ...), written out
+        if offset >= stream.next_offset[FEEDBACK]:
+            stream.next_offset[FEEDBACK] = offset + 1
+        stream.watermark.last_seen[FEEDBACK] = now_ms
+        count = offset >= stream.counted_from[FEEDBACK]
         if count:
             self.counts.events[FEEDBACK] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
+        if ts_ms < 0 or ts_ms - now_ms > self._max_skew_ms:
             error = self._refused(FEEDBACK, ts_ms, now_ms, count)
             if error is not None:
                 return error
-        grade = self.config.labels.grade(event)
         query_id, chunk = event.query_id.encode(), hash(event.chunk_id)
-        stream.add_feedback(offset, count, query_id, ts_ms, chunk, grade)
+        stream.add_feedback(offset, count, query_id, ts_ms, chunk, self._grade(event))
         if self.recorder is not None:
             self.recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)
-        if self.held.feedback > self.config.max_pending_feedback:
+        if self.held.feedback > self._max_pending_feedback:
             self._evict_feedback()
         return None
 

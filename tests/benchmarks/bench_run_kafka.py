@@ -48,6 +48,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -395,6 +396,12 @@ def main() -> None:
         action="store_true",
         help="one more run under py-spy: where its time goes, us per event (needs py-spy)",
     )
+    parser.add_argument(
+        "--profile-raw",
+        type=Path,
+        metavar="PATH",
+        help="with --profile, also keep py-spy's collapsed stacks there (for a flame graph)",
+    )
     parser.add_argument("--variant", choices=("bare",), help=argparse.SUPPRESS)
     parser.add_argument("--topics", nargs=2, help=argparse.SUPPRESS)
     parser.add_argument("--group", help=argparse.SUPPRESS)
@@ -475,6 +482,8 @@ def main() -> None:
                     profile_to=raw_path,
                 )
                 parts = profile_parts(raw_path.read_text())
+                if args.profile_raw is not None:
+                    shutil.copyfile(raw_path, args.profile_raw)
                 print_profile(parts, n, median_rate(figures["bare"], n))
     except BenchError as error:
         sys.exit(f"error: {error}")
