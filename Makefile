@@ -62,6 +62,7 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_global_view.py
 	$(BIN)/python tests/benchmarks/bench_pipeline.py
 	$(BIN)/python tests/benchmarks/bench_window_records.py
+	$(BIN)/python tests/benchmarks/bench_records.py
 
 monitoring-tools: ## install Prometheus, promtool and Alertmanager from Debian's packages if missing (needs root)
 	bash deploy/local/monitoring.sh install

@@ -12,10 +12,12 @@ from service.stream.events import ScoredResult
 def chunk_hashes(results: Sequence[str | ScoredResult]) -> list[int]:
     """The chunk ids' 64-bit hashes in rank order (the join only compares ids of one
     query)."""
-    try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
-        return list(map(hash, results))
-    except TypeError:
-        return [hash(r) if type(r) is str else hash(r.chunk_id) for r in results]  # type: ignore[union-attr]
+    if results and type(results[0]) is str:
+        try:  # chunk ids given as strings, hashed in one call (ScoredResult is not hashable)
+            return list(map(hash, results))
+        except TypeError:  # a ScoredResult further down
+            pass
+    return [hash(r) if type(r) is str else hash(r.chunk_id) for r in results]  # type: ignore[union-attr]
 
 
 _LAYOUTS: dict[int, struct.Struct] = {}

@@ -53,6 +53,15 @@ def test_bench_window_records_runs_and_reads_every_window_back() -> None:
     figure(out, "read back in all")
 
 
+def test_bench_records_runs_and_unpacks_every_record_as_kafka_python() -> None:
+    out = _run("bench_records.py", "--events", "2000", "--per-batch", "7", "--repeat", "1")
+    assert re.search(r"data: 2000 records in 1 fetch responses of one partition", out)
+    assert "every record unpacked as kafka-python unpacks it: True" in out
+    for label in ("kafka-python", "lean", "orjson.loads"):
+        assert re.search(re.escape(label) + r"\s+median\s+\d[\d.]* us per record", out), out
+    figure(out, "ratio kafka-python / lean us per record")
+
+
 @pytest.mark.slow
 def test_bench_memory_runs_and_nothing_is_finalised_or_evicted() -> None:
     out = _run("bench_memory.py", "--queries", "2000", "--repeat", "1", "--traced", "500")
