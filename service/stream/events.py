@@ -156,30 +156,26 @@ def check_size(raw: bytes | str) -> None:
         )
 
 
-_QUERY = _DECODERS[QueryEvent]
-_FEEDBACK = _DECODERS[FeedbackEvent]
+def _event_decoder(kind: type[_E], what: str) -> Callable[[bytes | str], _E]:
+    """The decode function of one kind of event: one call per event, its limits and
+    checks inside (the size written out; the rest in the event's ``__post_init__``)."""
+    decoder = _DECODERS[kind]
+
+    def decode(raw: bytes | str) -> _E:
+        if len(raw) > MAX_EVENT_BYTES:
+            check_size(raw)
+        try:
+            event: _E = decoder.decode(raw)
+        except msgspec.DecodeError as error:
+            return _decode_refused(kind, raw, error)
+        return event
+
+    decode.__doc__ = f"Decode and validate one {what} event from JSON bytes; EventError if bad."
+    return decode
 
 
-def decode_query(raw: bytes | str) -> QueryEvent:
-    """Decode and validate one query event from JSON bytes; raise EventError if bad."""
-    if len(raw) > MAX_EVENT_BYTES:  # (the checks are written out: this runs per event)
-        check_size(raw)
-    try:
-        event: QueryEvent = _QUERY.decode(raw)
-    except msgspec.DecodeError as error:
-        return _decode_refused(QueryEvent, raw, error)
-    return event
-
-
-def decode_feedback(raw: bytes | str) -> FeedbackEvent:
-    """Decode and validate one feedback event from JSON bytes; raise EventError if bad."""
-    if len(raw) > MAX_EVENT_BYTES:
-        check_size(raw)
-    try:
-        event: FeedbackEvent = _FEEDBACK.decode(raw)
-    except msgspec.DecodeError as error:
-        return _decode_refused(FeedbackEvent, raw, error)
-    return event
+decode_query = _event_decoder(QueryEvent, "query")
+decode_feedback = _event_decoder(FeedbackEvent, "feedback")
 
 
 def _decode_refused(kind: type[_E], raw: bytes | str, error: msgspec.DecodeError) -> _E:
