@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -23,7 +23,7 @@ from msgspec import Meta, Struct
 from pydantic import AwareDatetime, ConfigDict, TypeAdapter, ValidationError
 
 from service.errors import EventError
-from service.times import EPOCH, to_epoch_ms
+from service.times import to_epoch_ms
 
 MAX_EVENT_BYTES = 1 << 20
 """Largest accepted encoded event (1 MiB: 1,000 results of 500-character ids fit)."""
@@ -64,9 +64,6 @@ def _epoch_ms(timestamp: datetime | float) -> int:
     return (seconds * 1_000_000 + round((timestamp - seconds) * 1e6)) // 1000
 
 
-_MS = timedelta(milliseconds=1)
-
-
 class ScoredResult(Struct, gc=False):
     """A result given as an object; the score is informational, the rank is the position.
 
@@ -94,11 +91,8 @@ class QueryEvent(Struct, gc=False):
 
     def __post_init__(self) -> None:
         # the checks the decoder's types cannot express: an EventError raised here comes
-        # out of the decoder as it is; (to_epoch_ms written out: this runs per event)
-        moment = self.timestamp
-        self.timestamp_ms = (
-            (moment - EPOCH) // _MS if type(moment) is datetime else _epoch_ms(moment)
-        )
+        # out of the decoder as it is
+        self.timestamp_ms = _epoch_ms(self.timestamp)
         if self.segment is None:
             self.segment = "default"
 
@@ -127,10 +121,7 @@ class FeedbackEvent(Struct, gc=False):
     """Event time in integer milliseconds since the epoch (derived from ``timestamp``)."""
 
     def __post_init__(self) -> None:
-        moment = self.timestamp  # (as QueryEvent's)
-        self.timestamp_ms = (
-            (moment - EPOCH) // _MS if type(moment) is datetime else _epoch_ms(moment)
-        )
+        self.timestamp_ms = _epoch_ms(self.timestamp)  # (checks as QueryEvent's)
         if self.grade is None and self.signal == "judgment":
             raise EventError(
                 "judgment_without_grade",

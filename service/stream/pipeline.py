@@ -74,11 +74,6 @@ class Pipeline:
         self._confirmed_check = 100_000
         self.recorder = recorder
         """Keeps what the labels output needs (None: that output is off)."""
-        # read on every record (the config is frozen)
-        self._max_skew_ms = config.max_future_skew_ms
-        self._max_pending_queries = config.max_pending_queries
-        self._max_pending_feedback = config.max_pending_feedback
-        self._grade = config.labels.grade
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -148,14 +143,10 @@ class Pipeline:
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
         now_ms = self.now_ms()
-        # stream.seen(QUERIES, ...), written out
-        if offset >= stream.next_offset[QUERIES]:
-            stream.next_offset[QUERIES] = offset + 1
-        stream.watermark.last_seen[QUERIES] = now_ms
-        count = offset >= stream.counted_from[QUERIES]
+        count = stream.seen(QUERIES, offset, now_ms)
         if count:
             self.counts.events[QUERIES] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self._max_skew_ms:
+        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
             error = self._refused(QUERIES, ts_ms, now_ms, count)
             if error is not None:
                 return error
@@ -186,7 +177,7 @@ class Pipeline:
             first = self.counts.first_seen_ms.get(retriever)
             if first is None or ts_ms < first:
                 self.counts.first_seen_ms[retriever] = ts_ms
-            if self.held.queries > self._max_pending_queries:  # all partitions
+            if self.held.queries > self.config.max_pending_queries:  # all partitions
                 self._evict_queries()
         return None
 
@@ -195,22 +186,18 @@ class Pipeline:
         stream = self.streams[partition]
         ts_ms = event.timestamp_ms
         now_ms = self.now_ms()
-        # stream.seen(FEEDBACK, ...), written out
-        if offset >= stream.next_offset[FEEDBACK]:
-            stream.next_offset[FEEDBACK] = offset + 1
-        stream.watermark.last_seen[FEEDBACK] = now_ms
-        count = offset >= stream.counted_from[FEEDBACK]
+        count = stream.seen(FEEDBACK, offset, now_ms)
         if count:
             self.counts.events[FEEDBACK] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self._max_skew_ms:
+        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
             error = self._refused(FEEDBACK, ts_ms, now_ms, count)
             if error is not None:
                 return error
         query_id, chunk = event.query_id.encode(), hash(event.chunk_id)
-        stream.add_feedback(offset, count, query_id, ts_ms, chunk, self._grade(event))
+        stream.add_feedback(offset, count, query_id, ts_ms, chunk, self.config.labels.grade(event))
         if self.recorder is not None:
             self.recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)
-        if self.held.feedback > self._max_pending_feedback:
+        if self.held.feedback > self.config.max_pending_feedback:
             self._evict_feedback()
         return None
 
