@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
+from operator import itemgetter
 from typing import Any, TextIO
 
 import msgspec
@@ -30,6 +31,7 @@ from service.stream.events import (
     query_from,
 )
 from service.stream.mined import LabelRecorder
+from service.stream.pipeline import Pipeline, Record
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms
@@ -124,6 +126,36 @@ class ReplayReport:
     ignored: int = 0
 
 
+Line = tuple[str, int, bytes]
+"""A line of the input: its file, its number in the file, its bytes."""
+
+
+@dataclass(slots=True)
+class _Batch:
+    """The valid events read since the last advance (taken by the pipeline as one batch,
+    in file order) and the bad lines among them, each with its place in the input."""
+
+    pipeline: Pipeline
+    report: ReplayReport
+    errors_to: TextIO
+    max_errors_shown: int
+    events: list[Record] = field(default_factory=list)
+    lines: list[tuple[int, Line]] = field(default_factory=list)
+    problems: list[tuple[int, Line, EventError]] = field(default_factory=list)
+
+    def take(self) -> None:
+        """Hand the events to the pipeline; report every bad line, in input order."""
+        for at, failure in self.pipeline.take(0, self.events):
+            self.problems.append((*self.lines[at], failure))
+        for _, (path, number, _), error in sorted(self.problems, key=itemgetter(0)):
+            self.report.invalid += 1
+            if self.report.invalid <= self.max_errors_shown:
+                print(f"{path}:{number}: skipped ({error.reason}): {error}", file=self.errors_to)
+        self.events.clear()
+        self.lines.clear()
+        self.problems.clear()
+
+
 def replay(
     paths: Iterable[str],
     config: MonitorConfig,
@@ -161,35 +193,31 @@ def replay(
     decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic] = decode_line
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
-    for path, number, raw in jsonl_lines(paths):
+    pending = _Batch(pipeline, report, errors_to, max_errors_shown)
+    batch, where, problems = pending.events, pending.lines, pending.problems
+    for line_at in jsonl_lines(paths):
         report.lines += 1
         try:
-            line = decode(raw)
+            line = decode(line_at[2])
         except LineError as error:
-            report.invalid += 1
             topic = QUERIES if error.topic is None else error.topic
             pipeline.invalid(0, topic, offsets[topic], error.reason)
             offsets[topic] += 1
-            if report.invalid <= max_errors_shown:
-                print(f"{path}:{number}: skipped ({error.reason}): {error}", file=errors_to)
-            continue
-        if isinstance(line, Topic):  # a record the input mapping skips
-            report.ignored += 1
-            pipeline.ignored(0, line, offsets[line])
-            offsets[line] += 1
-            continue
-        if isinstance(line, _QueryLine):
-            failure = pipeline.query(0, offsets[QUERIES], line.event)
-            offsets[QUERIES] += 1
+            problems.append((report.lines, line_at, error))
         else:
-            failure = pipeline.feedback(0, offsets[FEEDBACK], line.event)
-            offsets[FEEDBACK] += 1
-        if failure is not None:
-            report.invalid += 1
-            if report.invalid <= max_errors_shown:
-                print(f"{path}:{number}: skipped ({failure.reason}): {failure}", file=errors_to)
+            if isinstance(line, Topic):  # a record the input mapping skips
+                report.ignored += 1
+                pipeline.ignored(0, line, offsets[line])
+                offsets[line] += 1
+            else:
+                topic = QUERIES if isinstance(line, _QueryLine) else FEEDBACK
+                batch.append((topic, offsets[topic], line.event))
+                where.append((report.lines, line_at))
+                offsets[topic] += 1
         if report.lines % ADVANCE_EVERY == 0:
+            pending.take()
             emit(pipeline.advance())
+    pending.take()
     emit(pipeline.finish())
     if report.invalid > max_errors_shown:
         print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)

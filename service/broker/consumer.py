@@ -17,6 +17,7 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable
+from operator import itemgetter
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -34,6 +35,7 @@ from service.mapping.mapper import load_mapper
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
+from service.stream.pipeline import Record
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.watermark import NEVER
 
@@ -245,23 +247,33 @@ class KafkaEdge:
             decode = decode_query if is_query else decode_feedback
         else:
             decode = self.mapper.decode_query if is_query else self.mapper.decode_feedback
-        take = self.pipeline.query if is_query else self.pipeline.feedback
         topic = QUERIES if is_query else FEEDBACK
-        for record in records:
+        records = list(records)
+        valid: list[Record] = []
+        positions: list[int] = []  # of the valid records in ``records``
+        failures: list[tuple[int, EventError]] = []
+        for position, record in enumerate(records):
             value = record.value
             try:
                 if value is None:
                     raise EventError("empty", "the record has no value (a tombstone?)")
                 event = decode(value)
-                if event is None:  # the input mapping skips it
-                    self.pipeline.ignored(partition, topic, record.offset)
-                    continue
-                failure = take(partition, record.offset, event)  # type: ignore[arg-type]
             except EventError as error:
                 self.pipeline.invalid(partition, topic, record.offset, error.reason)
-                failure = error
-            # a re-read record was dead-lettered by the owner that first read it
-            if failure is not None and self.pipeline.is_new(partition, topic, record.offset):
+                failures.append((position, error))
+                continue
+            if event is None:  # the input mapping skips it
+                self.pipeline.ignored(partition, topic, record.offset)
+                continue
+            valid.append((topic, record.offset, event))
+            positions.append(position)
+        if valid:
+            refused = self.pipeline.take(partition, valid)
+            failures += [(positions[at], refusal) for at, refusal in refused]
+        # a re-read record was dead-lettered by the owner that first read it
+        for position, failure in sorted(failures, key=itemgetter(0)):  # (in offset order)
+            record = records[position]
+            if self.pipeline.is_new(partition, topic, record.offset):
                 self._dead_letter(record, failure)
 
     def _dead_letter(self, record: Any, error: EventError) -> None:

@@ -9,7 +9,7 @@ metric core, which is what makes streaming results equal the offline evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +20,7 @@ from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.guard import timestamp_refusal
 from service.stream.hashes import chunk_hashes
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
@@ -29,6 +30,9 @@ from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
+
+Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
+"""A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,95 +115,97 @@ class Pipeline:
 
     # -- records -------------------------------------------------------------------------
 
-    def _guard(self, ts_ms: int, now_ms: int) -> EventError | None:
-        if ts_ms < 0:
-            return EventError(
-                "timestamp_before_epoch",
-                "timestamp is before 1970-01-01T00:00:00Z; send RFC 3339 with an offset "
-                "or Unix epoch seconds",
-            )
-        ahead = ts_ms - now_ms
-        if ahead > self.config.max_future_skew_ms:
-            return EventError(
-                "future_timestamp",
-                f"timestamp is {ahead / 1000:.0f} s ahead of the clock (limit "
-                f"{self.config.max_future_skew_ms / 1000:.0f} s, max_future_skew); "
-                "check the producer's clock and time zone",
-            )
-        return None
-
     def _refused(self, topic: Topic, ts_ms: int, now_ms: int, count: bool) -> EventError | None:
         """The timestamp guard's error for this record (counted unless re-read), if any."""
-        error = self._guard(ts_ms, now_ms)
+        error = timestamp_refusal(ts_ms, now_ms, self.config.max_future_skew_ms)
         if error is not None and count:
             self.counts.invalid[topic, error.reason] += 1
         return error
 
-    # query() and feedback() run for every record: they are written out rather than
-    # split into small helpers (each Python call costs about as much as a dict lookup)
-
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
         """Take a valid query event; return an error when the guard rejects it."""
-        stream = self.streams[partition]
-        ts_ms = event.timestamp_ms
-        now_ms = self.now_ms()
-        count = stream.seen(QUERIES, offset, now_ms)
-        if count:
-            self.counts.events[QUERIES] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
-            error = self._refused(QUERIES, ts_ms, now_ms, count)
-            if error is not None:
-                return error
-        hashes = chunk_hashes(event.results)
-        if count and len(set(hashes)) != len(hashes):
-            self.counts.duplicate_results += 1
-        retriever = event.retriever
-        if retriever not in self._retriever.values:
-            retriever = self._retriever(retriever)
-        segment = event.segment
-        if segment not in self._segment.values:
-            segment = self._segment(segment)
-        context_k = event.context_k
-        accepted = stream.add_query(
-            offset,
-            count,
-            event.query_id.encode(),
-            ts_ms,
-            retriever,
-            segment,
-            hashes,
-            -1 if context_k is None else context_k,
-        )
-        if accepted:
-            if self.recorder is not None:
-                text = getattr(event, "query_text", None)
-                self.recorder.query(event.query_id.encode(), ts_ms, event.chunk_ids(), text)
-            first = self.counts.first_seen_ms.get(retriever)
-            if first is None or ts_ms < first:
-                self.counts.first_seen_ms[retriever] = ts_ms
-            if self.held.queries > self.config.max_pending_queries:  # all partitions
-                self._evict_queries()
-        return None
+        failures = self.take(partition, [(QUERIES, offset, event)])
+        return failures[0][1] if failures else None
 
     def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
         """Take a valid feedback event; return an error when the guard rejects it."""
+        failures = self.take(partition, [(FEEDBACK, offset, event)])
+        return failures[0][1] if failures else None
+
+    def take(  # noqa: PLR0912, PLR0915 - written out: it runs per record
+        self, partition: int, batch: Sequence[Record]
+    ) -> list[tuple[int, EventError]]:
+        """Take valid events of one partition in order, ``(topic, offset, event)`` each;
+        return ``(position in batch, error)`` for those the timestamp guard rejects.
+
+        The work is per batch where it can be: the clock is read once, settings and
+        state are held in locals, the events are counted once; per record there is no
+        call besides the join's (each Python call costs about as much as a dict lookup).
+        """
         stream = self.streams[partition]
-        ts_ms = event.timestamp_ms
         now_ms = self.now_ms()
-        count = stream.seen(FEEDBACK, offset, now_ms)
-        if count:
-            self.counts.events[FEEDBACK] += 1
-        if ts_ms < 0 or ts_ms - now_ms > self.config.max_future_skew_ms:
-            error = self._refused(FEEDBACK, ts_ms, now_ms, count)
-            if error is not None:
-                return error
-        query_id, chunk = event.query_id.encode(), hash(event.chunk_id)
-        stream.add_feedback(offset, count, query_id, ts_ms, chunk, self.config.labels.grade(event))
-        if self.recorder is not None:
-            self.recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)
-        if self.held.feedback > self.config.max_pending_feedback:
-            self._evict_feedback()
-        return None
+        config, counts, held, recorder = self.config, self.counts, self.held, self.recorder
+        skew, grade = config.max_future_skew_ms, config.labels.grade
+        next_offset, counted_from = stream.next_offset, stream.counted_from
+        last_seen = stream.watermark.last_seen
+        retrievers, segments = self._retriever.values, self._segment.values
+        add_query, add_feedback = stream.add_query, stream.add_feedback
+        failures: list[tuple[int, EventError]] = []
+        n_events = [0, 0]
+        for index, (topic, offset, event) in enumerate(batch):
+            if offset >= next_offset[topic]:
+                next_offset[topic] = offset + 1
+            last_seen[topic] = now_ms
+            count = offset >= counted_from[topic]
+            if count:
+                n_events[topic] += 1
+            ts_ms = event.timestamp_ms
+            if ts_ms < 0 or ts_ms - now_ms > skew:
+                error = self._refused(topic, ts_ms, now_ms, count)
+                if error is not None:
+                    failures.append((index, error))
+                    continue
+            if topic == QUERIES:
+                hashes = chunk_hashes(event.results)  # type: ignore[union-attr]
+                if count and len(set(hashes)) != len(hashes):
+                    counts.duplicate_results += 1
+                retriever = event.retriever  # type: ignore[union-attr]
+                if retriever not in retrievers:
+                    retriever = self._retriever(retriever)
+                segment = event.segment  # type: ignore[union-attr]
+                if segment not in segments:
+                    segment = self._segment(segment)
+                context_k = event.context_k  # type: ignore[union-attr]
+                query_id = event.query_id.encode()
+                if add_query(
+                    offset,
+                    count,
+                    query_id,
+                    ts_ms,
+                    retriever,
+                    segment,
+                    hashes,
+                    -1 if context_k is None else context_k,
+                ):
+                    if recorder is not None:
+                        text = getattr(event, "query_text", None)
+                        recorder.query(query_id, ts_ms, event.chunk_ids(), text)  # type: ignore[union-attr]
+                    first = counts.first_seen_ms.get(retriever)
+                    if first is None or ts_ms < first:
+                        counts.first_seen_ms[retriever] = ts_ms
+                    if held.queries > config.max_pending_queries:  # all partitions
+                        self._evict_queries()
+            else:
+                query_id, chunk = event.query_id.encode(), hash(event.chunk_id)  # type: ignore[union-attr]
+                add_feedback(offset, count, query_id, ts_ms, chunk, grade(event))  # type: ignore[arg-type]
+                if recorder is not None:
+                    recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)  # type: ignore[union-attr]
+                if held.feedback > config.max_pending_feedback:
+                    self._evict_feedback()
+        for topic in (QUERIES, FEEDBACK):
+            if n_events[topic]:
+                counts.events[topic] += n_events[topic]
+        return failures
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""

@@ -279,7 +279,7 @@ SERVICE_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     # belong to the part of the nearest such frame outside them
     ("stream/events.py", (), "decode"),
     ("mapping/", (), "decode"),
-    ("stream/pipeline.py", ("query", "feedback", "ignored", "invalid", "is_new"), "join"),
+    ("stream/pipeline.py", ("query", "feedback", "take", "ignored", "invalid", "is_new"), "join"),
     ("broker/consumer.py", ("_process", "work"), "join"),
     ("stream/pipeline.py", ("advance", "_finalise", "finish", "end_of_input"), "finalise"),
     ("stream/pipeline.py", ("published", "confirm_published", "mark_published"), "windows in"),

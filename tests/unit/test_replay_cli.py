@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import pytest
 
 from service.cli import main
+from service.monitor import MonitorConfig
+from service.replay import replay
 from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
@@ -78,3 +81,43 @@ def test_simulate_then_replay_equals_offline(
 def test_replay_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", str(tmp_path / "absent.jsonl")]) == 2
     assert "absent.jsonl" in capsys.readouterr().err
+
+
+def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(tmp_path: Path) -> None:
+    """A line the timestamp guard refuses (found when its batch is taken) and lines that do
+    not decode (found as read) are reported in input order, the limit counting in that
+    order too, and the good lines between them are replayed."""
+
+    def query(query_id: str, timestamp: int) -> bytes:
+        event = {"query_id": query_id, "timestamp": timestamp, "retriever": "v", "results": ["a"]}
+        return json.dumps({"topic": "queries", "event": event}).encode()
+
+    now_s = 1_796_083_200
+    first = [
+        query("ok-1", now_s),
+        query("future", now_s + 86_400),
+        b"not json",
+        query("ok-2", now_s),
+    ]
+    second = [b"{}", query("future-2", now_s + 86_400), query("ok-3", now_s)]
+    paths = [tmp_path / "b.jsonl", tmp_path / "a.jsonl"]  # (not in name order)
+    for path, lines in zip(paths, (first, second), strict=True):
+        path.write_bytes(b"\n".join(lines) + b"\n")
+    errors = io.StringIO()
+    monitor, report = replay(
+        [str(p) for p in paths],
+        MonitorConfig(),
+        lambda _: None,
+        now_ms=lambda: now_s * 1000,
+        errors_to=errors,
+        max_errors_shown=3,
+    )
+    shown = [line.split(": skipped (") for line in errors.getvalue().splitlines()]
+    assert [(where.rsplit("/", 1)[-1], rest.split(")")[0]) for where, rest in shown[:3]] == [
+        ("b.jsonl:2", "future_timestamp"),
+        ("b.jsonl:3", "invalid_json"),
+        ("a.jsonl:1", "invalid_topic"),
+    ]
+    assert shown[3] == ["... 1 more bad lines skipped"]
+    assert (report.lines, report.invalid) == (7, 4)
+    assert monitor.pipeline.counts.queries["v", "default"] == 3

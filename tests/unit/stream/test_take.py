@@ -1,0 +1,121 @@
+"""``Pipeline.take``: a batch of records gives exactly what the same records give one call
+each (the clock read once, counts added once, settings held in locals change nothing)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.stream.events import QueryEvent
+from service.stream.pipeline import Pipeline, PipelineConfig, Record
+from service.stream.topics import FEEDBACK, QUERIES
+from tests.unit.stream.test_join import ATTR, JOIN, KS, NOW, SEC, T0, feedback_event, query_event
+
+CHUNKS = ("a", "b", "c", "d")
+
+step = st.tuples(
+    st.sampled_from(["query", "feedback", "future", "duplicate_results", "late"]),
+    st.integers(0, 5),  # query number (among the queries of 10 steps)
+    st.integers(-90, 90),  # event time, seconds around the step's (20 s a step)
+    st.sampled_from(CHUNKS),
+    st.sampled_from(["r1", "r2", "r3"]),  # retriever (the cap keeps two)
+)
+
+
+def _records(steps: list[tuple[str, int, int, str, str]]) -> list[Record]:
+    offsets = [0, 0]
+    out: list[Record] = []
+    for i, (kind, n, jitter, chunk, retriever) in enumerate(steps):
+        ts = T0 + (20 * i + jitter) * SEC
+        query_id = f"q{i // 10}-{n}"
+        topic = FEEDBACK if kind in ("feedback", "late") else QUERIES
+        event: Any
+        if kind == "query":
+            event = query_event(query_id, ts, results=CHUNKS, retriever=retriever)
+        elif kind == "duplicate_results":
+            event = query_event(query_id, ts, results=("a", "b", "a"), context_k=2)
+        elif kind == "future":  # refused by the timestamp guard
+            event = query_event(query_id, NOW + 3_600_000)
+        elif kind == "late":
+            event = feedback_event(f"q{n}", ts - 3 * ATTR, chunk, signal="citation")
+        else:
+            event = feedback_event(query_id, ts, chunk)
+        out.append((topic, offsets[topic], event))
+        offsets[topic] += 1
+    return out
+
+
+def _pipeline() -> Pipeline:
+    config = PipelineConfig(
+        join=JOIN, ks=KS, max_pending_queries=15, max_pending_feedback=7, max_label_values=2
+    )
+    p = Pipeline(config, now_ms=lambda: NOW)
+    p.assign(0, counted_from=(4, 3))  # the first records are re-read: not counted again
+    return p
+
+
+def _state(p: Pipeline) -> Any:
+    stream = p.streams[0]
+    return (
+        p.counts,
+        dict(stream.pending),
+        dict(stream.labels),
+        list(stream.orphans.items()),
+        stream.next_offset,
+        stream.watermark.last_seen,
+        stream.watermark.latest,
+        p.pending_queries,
+        p.pending_feedback,
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(step, min_size=30, max_size=90), cuts=st.lists(st.integers(1, 25)))
+def test_a_batch_gives_what_the_same_records_give_one_call_each(
+    steps: list[tuple[str, int, int, str, str]], cuts: list[int]
+) -> None:
+    """With caps small enough that records evict others mid-batch, re-read records, label
+    caps, refused timestamps and records that advance the watermark in between."""
+    records = _records(steps)
+    one, batched = _pipeline(), _pipeline()
+    refused_one: list[tuple[int, str]] = []
+    for at, (_, offset, event) in enumerate(records):
+        if isinstance(event, QueryEvent):
+            error = one.query(0, offset, event)
+        else:
+            error = one.feedback(0, offset, event)
+        if error is not None:
+            refused_one.append((at, error.reason))
+    refused_batched: list[tuple[int, str]] = []
+    at = 0
+    for size in [*cuts, len(records)]:
+        batch = records[at : at + size]
+        refused_batched += [(at + i, e.reason) for i, e in batched.take(0, batch)]
+        at += len(batch)
+        if at >= len(records):
+            break
+    assert refused_batched == refused_one
+    assert any(reason == "future_timestamp" for _, reason in refused_one) == any(
+        kind == "future" for kind, *_ in steps
+    )
+    assert _state(batched) == _state(one)
+    assert batched.finish() == one.finish()
+
+
+def test_a_batch_counts_its_events_once_and_only_those_not_counted_before() -> None:
+    p = _pipeline()
+    queries = [(QUERIES, k, query_event(f"q{k}", T0 + k * SEC)) for k in range(10)]
+    # a chunk listed twice: in a re-read record (counted before) and in a new one
+    queries[2] = (QUERIES, 2, query_event("repeats", T0, results=("a", "b", "a")))
+    queries[7] = (QUERIES, 7, query_event("repeats-too", T0, results=("a", "b", "a")))
+    refused = p.take(0, [*queries, (QUERIES, 10, query_event("later", NOW + 3_600_000))])
+    assert [(at, e.reason) for at, e in refused] == [(10, "future_timestamp")]
+    # offsets 0 to 3 were counted by an earlier owner; the refused one is counted as invalid
+    assert p.counts.events[QUERIES] == 7
+    assert p.counts.invalid[QUERIES, "future_timestamp"] == 1
+    assert p.counts.queries["r1", "default"] == 6
+    assert p.counts.duplicate_results == 1  # (the re-read one was counted before)
+    assert p.streams[0].next_offset == [11, -1]
+    assert len(p.streams[0].pending) == 10
