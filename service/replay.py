@@ -37,7 +37,11 @@ from service.stream.windows import ClosedWindow
 from service.times import wall_ms
 
 ADVANCE_EVERY = 8192
-"""Records between watermark advances (finalisation is batched over this many)."""
+"""Records between watermark advances (finalisation is batched over this many); the
+events between two are taken by the pipeline as one batch, or several when large."""
+BATCH_BYTES = 16 << 20
+"""A batch is taken early once its lines reach this many bytes (the watermark does not
+move within a batch, so where it is cut changes nothing)."""
 
 
 class _QueryLine(Struct, tag_field="topic", tag="queries", gc=False):
@@ -126,33 +130,38 @@ class ReplayReport:
     ignored: int = 0
 
 
-Line = tuple[str, int, bytes]
-"""A line of the input: its file, its number in the file, its bytes."""
+Place = tuple[int, str, int]
+"""Where a line is: its number in the whole input (for the order), its file, its number
+in the file."""
 
 
 @dataclass(slots=True)
 class _Batch:
-    """The valid events read since the last advance (taken by the pipeline as one batch,
-    in file order) and the bad lines among them, each with its place in the input."""
+    """The valid events read since the batch was last taken (taken by the pipeline as one
+    batch, in file order) and the bad lines among them, each with its place in the input."""
 
     pipeline: Pipeline
     report: ReplayReport
     errors_to: TextIO
     max_errors_shown: int
     events: list[Record] = field(default_factory=list)
-    lines: list[tuple[int, Line]] = field(default_factory=list)
-    problems: list[tuple[int, Line, EventError]] = field(default_factory=list)
+    places: list[Place] = field(default_factory=list)
+    problems: list[tuple[Place, EventError]] = field(default_factory=list)
 
     def take(self) -> None:
         """Hand the events to the pipeline; report every bad line, in input order."""
         for at, failure in self.pipeline.take(0, self.events):
-            self.problems.append((*self.lines[at], failure))
-        for _, (path, number, _), error in sorted(self.problems, key=itemgetter(0)):
+            self.problems.append((self.places[at], failure))
+        self.events.clear()
+        self.places.clear()
+        self.report_problems()
+
+    def report_problems(self) -> None:
+        """Count and show the bad lines found so far, in input order."""
+        for (_, path, number), error in sorted(self.problems, key=itemgetter(0)):
             self.report.invalid += 1
             if self.report.invalid <= self.max_errors_shown:
                 print(f"{path}:{number}: skipped ({error.reason}): {error}", file=self.errors_to)
-        self.events.clear()
-        self.lines.clear()
         self.problems.clear()
 
 
@@ -194,16 +203,38 @@ def replay(
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
     pending = _Batch(pipeline, report, errors_to, max_errors_shown)
-    batch, where, problems = pending.events, pending.lines, pending.problems
-    for line_at in jsonl_lines(paths):
+    try:
+        _read(paths, decode, pending, offsets, emit)
+    except BaseException:
+        pending.report_problems()  # what was found before the error that stops the replay
+        raise
+    pending.take()
+    emit(pipeline.finish())
+    if report.invalid > max_errors_shown:
+        print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)
+    return monitor, report
+
+
+def _read(
+    paths: Iterable[str],
+    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic],
+    pending: _Batch,
+    offsets: list[int],
+    emit: Callable[[list[ClosedWindow]], None],
+) -> None:
+    """Read every line into ``pending``, taking it (and advancing) as it fills."""
+    pipeline, report = pending.pipeline, pending.report
+    batch, places, problems = pending.events, pending.places, pending.problems
+    batched_bytes = 0
+    for path, number, raw in jsonl_lines(paths):
         report.lines += 1
         try:
-            line = decode(line_at[2])
+            line = decode(raw)
         except LineError as error:
             topic = QUERIES if error.topic is None else error.topic
             pipeline.invalid(0, topic, offsets[topic], error.reason)
             offsets[topic] += 1
-            problems.append((report.lines, line_at, error))
+            problems.append(((report.lines, path, number), error))
         else:
             if isinstance(line, Topic):  # a record the input mapping skips
                 report.ignored += 1
@@ -212,13 +243,13 @@ def replay(
             else:
                 topic = QUERIES if isinstance(line, _QueryLine) else FEEDBACK
                 batch.append((topic, offsets[topic], line.event))
-                where.append((report.lines, line_at))
+                places.append((report.lines, path, number))
                 offsets[topic] += 1
+                batched_bytes += len(raw)
         if report.lines % ADVANCE_EVERY == 0:
             pending.take()
+            batched_bytes = 0
             emit(pipeline.advance())
-    pending.take()
-    emit(pipeline.finish())
-    if report.invalid > max_errors_shown:
-        print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)
-    return monitor, report
+        elif batched_bytes > BATCH_BYTES:  # (large events: a batch's memory is bounded)
+            pending.take()
+            batched_bytes = 0

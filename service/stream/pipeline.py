@@ -138,9 +138,11 @@ class Pipeline:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
         return ``(position in batch, error)`` for those the timestamp guard rejects.
 
-        The work is per batch where it can be: the clock is read once, settings and
-        state are held in locals, the events are counted once; per record there is no
-        call besides the join's (each Python call costs about as much as a dict lookup).
+        The work is per batch where it can be: the clock is read once (the guard and
+        the idleness bookkeeping take that time for every record of the batch), settings
+        and state are held in locals, the events are counted once; per record only the
+        hashing, the join and, when needed, the guard's error, the label caps, the
+        recorder and the evictions are calls (each costs about as much as a dict lookup).
         """
         stream = self.streams[partition]
         now_ms = self.now_ms()

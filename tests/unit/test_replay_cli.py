@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from service.cli import main
+from service.errors import InputFileError
 from service.monitor import MonitorConfig
 from service.replay import replay
 from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
@@ -83,23 +84,33 @@ def test_replay_reports_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFix
     assert "absent.jsonl" in capsys.readouterr().err
 
 
-def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(tmp_path: Path) -> None:
+def _query_line(query_id: str, timestamp: int) -> bytes:
+    event = {"query_id": query_id, "timestamp": timestamp, "retriever": "v", "results": ["a"]}
+    return json.dumps({"topic": "queries", "event": event}).encode()
+
+
+NOW_S, DAY_S = 1_796_083_200, 86_400
+
+
+@pytest.mark.parametrize(
+    ("advance_every", "batch_bytes"), [(8192, 16 << 20), (2, 16 << 20), (8192, 1)]
+)
+def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advance_every: int, batch_bytes: int
+) -> None:
     """A line the timestamp guard refuses (found when its batch is taken) and lines that do
     not decode (found as read) are reported in input order, the limit counting in that
-    order too, and the good lines between them are replayed."""
-
-    def query(query_id: str, timestamp: int) -> bytes:
-        event = {"query_id": query_id, "timestamp": timestamp, "retriever": "v", "results": ["a"]}
-        return json.dumps({"topic": "queries", "event": event}).encode()
-
-    now_s = 1_796_083_200
+    order too, and the good lines between them are replayed; so too when the batches
+    are cut every two lines, or after every event (a byte budget of one)."""
+    monkeypatch.setattr("service.replay.ADVANCE_EVERY", advance_every)
+    monkeypatch.setattr("service.replay.BATCH_BYTES", batch_bytes)
     first = [
-        query("ok-1", now_s),
-        query("future", now_s + 86_400),
+        _query_line("ok-1", NOW_S),
+        _query_line("future", NOW_S + DAY_S),
         b"not json",
-        query("ok-2", now_s),
+        _query_line("ok-2", NOW_S),
     ]
-    second = [b"{}", query("future-2", now_s + 86_400), query("ok-3", now_s)]
+    second = [b"{}", _query_line("future-2", NOW_S + DAY_S), _query_line("ok-3", NOW_S)]
     paths = [tmp_path / "b.jsonl", tmp_path / "a.jsonl"]  # (not in name order)
     for path, lines in zip(paths, (first, second), strict=True):
         path.write_bytes(b"\n".join(lines) + b"\n")
@@ -108,7 +119,7 @@ def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(tmp_path: 
         [str(p) for p in paths],
         MonitorConfig(),
         lambda _: None,
-        now_ms=lambda: now_s * 1000,
+        now_ms=lambda: NOW_S * 1000,
         errors_to=errors,
         max_errors_shown=3,
     )
@@ -121,3 +132,20 @@ def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(tmp_path: 
     assert shown[3] == ["... 1 more bad lines skipped"]
     assert (report.lines, report.invalid) == (7, 4)
     assert monitor.pipeline.counts.queries["v", "default"] == 3
+
+
+def test_bad_lines_read_before_a_replay_stops_are_still_reported(tmp_path: Path) -> None:
+    """A file that cannot be opened stops the replay; the bad lines of the files before it
+    are reported first (they are otherwise shown when their batch is taken)."""
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(_query_line("ok", NOW_S) + b"\nnot json\n" + _query_line("ok-2", NOW_S))
+    errors = io.StringIO()
+    with pytest.raises(InputFileError, match=r"absent\.jsonl"):
+        replay(
+            [str(good), str(tmp_path / "absent.jsonl")],
+            MonitorConfig(),
+            lambda _: None,
+            now_ms=lambda: NOW_S * 1000,
+            errors_to=errors,
+        )
+    assert "good.jsonl:2: skipped (invalid_json)" in errors.getvalue()
