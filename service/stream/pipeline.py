@@ -132,7 +132,7 @@ class Pipeline:
         failures = self.take(partition, [(FEEDBACK, offset, event)])
         return failures[0][1] if failures else None
 
-    def take(  # noqa: PLR0912, PLR0915 - written out: it runs per record
+    def take(  # noqa: PLR0912 - written out: it runs per record
         self, partition: int, batch: Sequence[Record]
     ) -> list[tuple[int, EventError]]:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
@@ -141,24 +141,21 @@ class Pipeline:
         The work is per batch where it can be: the clock is read once (the guard and
         the idleness bookkeeping take that time for every record of the batch), settings
         and state are held in locals, the events are counted once; per record only the
-        hashing, the join and, when needed, the guard's error, the label caps, the
-        recorder and the evictions are calls (each costs about as much as a dict lookup).
+        offset bookkeeping (``seen``), the hashing, the join and, when needed, the
+        guard's error, the label caps, the recorder and the evictions are calls (each
+        costs about as much as a dict lookup).
         """
         stream = self.streams[partition]
         now_ms = self.now_ms()
         config, counts, held, recorder = self.config, self.counts, self.held, self.recorder
         skew, grade = config.max_future_skew_ms, config.labels.grade
-        next_offset, counted_from = stream.next_offset, stream.counted_from
-        last_seen = stream.watermark.last_seen
         retrievers, segments = self._retriever.values, self._segment.values
         add_query, add_feedback = stream.add_query, stream.add_feedback
         failures: list[tuple[int, EventError]] = []
         n_events = [0, 0]
+        seen = stream.seen
         for index, (topic, offset, event) in enumerate(batch):
-            if offset >= next_offset[topic]:
-                next_offset[topic] = offset + 1
-            last_seen[topic] = now_ms
-            count = offset >= counted_from[topic]
+            count = seen(topic, offset, now_ms)
             if count:
                 n_events[topic] += 1
             ts_ms = event.timestamp_ms
