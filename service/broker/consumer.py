@@ -122,6 +122,7 @@ class KafkaEdge:
                 session_timeout_ms=settings.session_timeout,
                 heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
                 client_id="retrieval-monitor",
+                **compat.NO_CLIENT_METRICS,
             )
             compat.lean_records(self.consumer)
             publisher = make_publisher(

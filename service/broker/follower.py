@@ -118,10 +118,15 @@ class WindowFollower:
             enable_auto_commit=False,
             isolation_level="read_committed",
             client_id="retrieval-monitor-follower",
+            **compat.NO_CLIENT_METRICS,
         )
         compat.lean_records(self.consumer)
         self._ends = KafkaConsumer(  # read uncommitted: its end offsets are high watermarks
-            **client, group_id=None, enable_auto_commit=False, client_id="retrieval-monitor-ends"
+            **client,
+            group_id=None,
+            enable_auto_commit=False,
+            client_id="retrieval-monitor-ends",
+            **compat.NO_CLIENT_METRICS,
         )
         self.admin = KafkaAdminClient(**client, client_id="retrieval-monitor-progress")
         self.tps: list[TopicPartition] = []

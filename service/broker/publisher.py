@@ -42,6 +42,10 @@ TRANSACTION_WAIT_MS = 30_000
 """How long one transactional request may take before the transaction is given up."""
 REPLACE_WAIT_S = 300.0
 """How long replacing the producer (the broker may be away) is retried before giving up."""
+PRODUCER_BATCH_BYTES = 256 * 1024
+"""The producer's ``batch_size``: window records (a few KB each) are sent in bursts as
+windows close, and kafka-python's default of 16 KB made a produce batch (and its
+bookkeeping in the sender thread) of every three or four of them."""
 PRODUCER_MAX_BLOCK_MS = 60_000
 """The producer's ``max_block_ms``: the bound of ``init_transactions`` and of a send
 waiting for metadata or buffer space."""
@@ -175,8 +179,10 @@ def producer_config(
         **client,
         "acks": "all",
         "linger_ms": 20,
+        "batch_size": PRODUCER_BATCH_BYTES,
         "max_block_ms": PRODUCER_MAX_BLOCK_MS,
         "client_id": "retrieval-monitor-publisher",
+        **compat.NO_CLIENT_METRICS,
         **extra,
     }
 

@@ -110,13 +110,13 @@ class PartitionStream:
         ts_ms: int,
         retriever: str,
         segment: str,
-        hashes: list[int],
+        body: bytes,
         context_k: int,
     ) -> bool:
         """Take a query event; return True when it was accepted (not late, not a duplicate).
 
-        ``hashes`` are the chunk ids' hashes in rank order; ``context_k`` is -1 when the
-        query logged none.
+        ``body`` is the chunk ids' hashes in rank order, packed (``hashes.hashed_queries``);
+        ``context_k`` is -1 when the query logged none.
         """
         cfg = self.config
         start = ts_ms - ts_ms % cfg.window_ms
@@ -161,7 +161,7 @@ class PartitionStream:
             self.wide_context_k[query_id] = context_k
             context_k = WIDE
         head = window.serial * cfg.window_ms + ts_ms - start
-        self.pending[query_id] = packed_query(head, context_k, hashes)
+        self.pending[query_id] = packed_query(head, context_k, body)
         self.held.queries += 1
         if count:
             self.counts.queries[retriever, segment] += 1

@@ -21,7 +21,7 @@ from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.guard import timestamp_refusal
-from service.stream.hashes import chunk_hashes
+from service.stream.hashes import hashed_queries
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
@@ -132,7 +132,7 @@ class Pipeline:
         failures = self.take(partition, [(FEEDBACK, offset, event)])
         return failures[0][1] if failures else None
 
-    def take(  # noqa: PLR0912 - written out: it runs per record
+    def take(  # noqa: PLR0912, PLR0915 - written out: it runs per record
         self, partition: int, batch: Sequence[Record]
     ) -> list[tuple[int, EventError]]:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
@@ -154,6 +154,9 @@ class Pipeline:
         failures: list[tuple[int, EventError]] = []
         n_events = [0, 0]
         seen = stream.seen
+        # every query's hashes at once (the refused ones too: they are rare)
+        bodies, repeats = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
+        query = -1  # position among the batch's queries
         for index, (topic, offset, event) in enumerate(batch):
             count = seen(topic, offset, now_ms)
             if count:
@@ -163,10 +166,11 @@ class Pipeline:
                 error = self._refused(topic, ts_ms, now_ms, count)
                 if error is not None:
                     failures.append((index, error))
+                    query += topic == QUERIES
                     continue
             if topic == QUERIES:
-                hashes = chunk_hashes(event.results)  # type: ignore[union-attr]
-                if count and len(set(hashes)) != len(hashes):
+                query += 1
+                if count and query in repeats:
                     counts.duplicate_results += 1
                 retriever = event.retriever  # type: ignore[union-attr]
                 if retriever not in retrievers:
@@ -183,7 +187,7 @@ class Pipeline:
                     ts_ms,
                     retriever,
                     segment,
-                    hashes,
+                    bodies[query],
                     -1 if context_k is None else context_k,
                 ):
                     if recorder is not None:

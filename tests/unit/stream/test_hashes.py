@@ -3,12 +3,14 @@ packed after the pending query's header."""
 
 from __future__ import annotations
 
+import random
 import struct
 
 import pytest
 
+from service.stream import hashes as hashes_module
 from service.stream.events import ScoredResult
-from service.stream.hashes import chunk_hashes, packed_query
+from service.stream.hashes import Results, chunk_hashes, hashed_queries, packed_query
 from service.stream.join_state import HEAD, HEADER
 
 IDS = ["doc-1#0", "doc-2#3", "doc-1#0", "doc-9#1"]
@@ -38,7 +40,57 @@ def test_every_shape_of_results_hashes_to_the_ids_hashes(shape: str) -> None:
 
 def test_a_pending_query_is_its_header_then_the_hashes_as_native_int64() -> None:
     hashes = [hash(i) for i in IDS]
-    packed = packed_query(7 * 300_000 + 1234, -1, hashes)
+    [body], repeats = hashed_queries([IDS])
+    assert repeats == {0}  # (doc-1#0 twice)
+    packed = packed_query(7 * 300_000 + 1234, -1, body)
     assert packed == HEADER.pack(7 * 300_000 + 1234, -1) + struct.pack(f"={len(hashes)}q", *hashes)
     assert HEAD.unpack_from(packed)[0] == 7 * 300_000 + 1234
     assert len(packed) == HEADER.size + 8 * len(hashes)
+
+
+def _random_batch(rng: random.Random, n: int) -> list[Results]:
+    """Queries of mixed lengths (0 to 30 results; most of 20), some with a repeated id,
+    some of objects or of strings and objects."""
+    batch: list[Results] = []
+    for _ in range(n):
+        length = 20 if rng.random() < 0.6 else rng.randrange(0, 31)
+        ids = [f"doc-{rng.randrange(40)}#{rng.randrange(3)}" for _ in range(length)]
+        shape = rng.random()
+        results: list[str | ScoredResult] = list(ids)
+        if shape < 0.1:
+            results = [ScoredResult(chunk_id=i) for i in ids]
+        elif shape < 0.2 and ids:
+            results[rng.randrange(len(ids))] = ScoredResult(chunk_id=ids[0], score=1.0)
+        batch.append(results)
+    return batch
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("small_batch", [1, 10_000])  # numpy over the batch; one at a time
+def test_a_batch_hashes_each_query_as_it_would_alone(
+    seed: int, small_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole batches (mixed lengths and shapes, some with every query of one length, some
+    with strings only) give each query its own hashes packed in rank order, and the
+    repeat check a set of the query's hashes would give."""
+    monkeypatch.setattr(hashes_module, "SMALL_BATCH", small_batch)
+    rng = random.Random(seed)
+    batch = _random_batch(rng, rng.randrange(1, 300))
+    if seed == 0:  # every query of one length (the reshaped path)
+        batch = [r for r in batch if len(r) == 20]
+    if seed == 1:  # strings only (one call of hash over the whole batch)
+        batch = [r for r in batch if all(type(x) is str for x in r)]
+    bodies, repeats = hashed_queries(batch)
+    assert len(bodies) == len(batch)
+    expected_repeats = set()
+    for position, (results, body) in enumerate(zip(batch, bodies, strict=True)):
+        expected = chunk_hashes(results)
+        assert list(struct.unpack(f"={len(expected)}q", body)) == expected
+        if len(set(expected)) != len(expected):
+            expected_repeats.add(position)
+    assert repeats == expected_repeats
+    assert 0 < len(repeats) < len(batch)  # (the data has both kinds)
+
+
+def test_an_empty_batch_has_no_queries() -> None:
+    assert hashed_queries([]) == ([], set())

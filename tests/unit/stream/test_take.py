@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.stream import hashes
 from service.stream.events import QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig, Record
 from service.stream.topics import FEEDBACK, QUERIES
@@ -77,13 +78,24 @@ def _state(p: Pipeline) -> Any:
 @given(
     steps=st.lists(step, min_size=30, max_size=90),
     cuts=st.lists(st.integers(1, 25), min_size=1, max_size=12),
+    small_batch=st.sampled_from([2, hashes.SMALL_BATCH]),
 )
 def test_a_batch_gives_what_the_same_records_give_one_call_each(
-    steps: list[tuple[str, int, int, str, str]], cuts: list[int]
+    steps: list[tuple[str, int, int, str, str]], cuts: list[int], small_batch: int
 ) -> None:
     """With caps small enough that records evict others mid-batch, re-read records, label
-    caps, refused timestamps and records that advance the watermark in between."""
-    records = _records(steps)
+    caps, refused timestamps and records that advance the watermark in between. With
+    ``small_batch`` 2, batches of two queries or more hash them together in numpy (and the
+    queries of refused records must not shift the others' hashes)."""
+    default = hashes.SMALL_BATCH
+    hashes.SMALL_BATCH = small_batch
+    try:
+        _compare(_records(steps), cuts)
+    finally:
+        hashes.SMALL_BATCH = default
+
+
+def _compare(records: list[Record], cuts: list[int]) -> None:
     one, batched = _pipeline(), _pipeline()
     at = 0
     for size in [*cuts, len(records)]:  # (the last batch takes what is left)
