@@ -11,7 +11,7 @@ still done for small batches, where numpy's fixed cost per call would not pay.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain
 from operator import attrgetter
 
@@ -27,6 +27,11 @@ SMALL_BATCH = 16
 """Batches of fewer queries are hashed one query at a time."""
 
 _CHUNK_ID = attrgetter("chunk_id")
+
+
+def _ids(results: Results) -> Iterable[str]:
+    """A query's ids, if its results are all strings or all objects."""
+    return results if not results or type(results[0]) is str else map(_CHUNK_ID, results)  # type: ignore[return-value]
 
 
 def _chunk_id(result: str | ScoredResult) -> str:
@@ -68,12 +73,14 @@ def hashed_queries(batch: Sequence[Results]) -> tuple[list[bytes], set[int]]:
             bodies.append(_packed(hashes))
         return bodies, repeats
     lengths = np.fromiter(map(len, batch), np.int64, count=len(batch))
-    flat = list(chain.from_iterable(batch))
-    try:  # all strings, or all objects: in C calls (ScoredResult is not hashable)
-        ids = flat if not flat or type(flat[0]) is str else map(_CHUNK_ID, flat)
-        every = np.fromiter(map(hash, ids), np.int64, count=len(flat))
-    except (TypeError, AttributeError):  # strings and objects mixed
-        every = np.fromiter(map(hash, map(_chunk_id, flat)), np.int64, count=len(flat))
+    total = int(lengths.sum())
+    try:  # each query's ids all strings or all objects: in C calls (ScoredResult is not hashable)
+        ids = chain.from_iterable(map(_ids, batch))
+        every = np.fromiter(map(hash, ids), np.int64, count=total)
+    except (TypeError, AttributeError):  # strings and objects in one query
+        every = np.fromiter(
+            map(hash, map(_chunk_id, chain.from_iterable(batch))), np.int64, count=total
+        )
     ends = np.cumsum(lengths)
     starts = ends - lengths
     buffer = every.tobytes()

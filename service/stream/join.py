@@ -97,10 +97,15 @@ class PartitionStream:
 
     def seen(self, topic: Topic, offset: int, now_ms: int) -> bool:
         """Note a record's offset (valid or not); return whether it is to be counted."""
+        self.read_through(topic, offset, now_ms)
+        return offset >= self.counted_from[topic]
+
+    def read_through(self, topic: Topic, offset: int, now_ms: int) -> None:
+        """Records of ``topic`` were read up to ``offset`` at ``now_ms`` (for a batch: its
+        highest offset; nothing reads these between a batch's records)."""
         if offset >= self.next_offset[topic]:
             self.next_offset[topic] = offset + 1
         self.watermark.last_seen[topic] = now_ms
-        return offset >= self.counted_from[topic]
 
     def add_query(
         self,

@@ -138,12 +138,11 @@ class Pipeline:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
         return ``(position in batch, error)`` for those the timestamp guard rejects.
 
-        The work is per batch where it can be: the clock is read once (the guard and
-        the idleness bookkeeping take that time for every record of the batch), settings
-        and state are held in locals, the events are counted once; per record only the
-        offset bookkeeping (``seen``), the hashing, the join and, when needed, the
-        guard's error, the label caps, the recorder and the evictions are calls (each
-        costs about as much as a dict lookup).
+        The work is per batch where it can be: one clock read (for the guard and the
+        idleness of every record), settings and state in locals, the events counted and
+        the offsets noted once per topic (``read_through``), the chunk ids hashed together
+        (``hashed_queries``); per record only the join and, when needed, the guard's error,
+        the label caps, the recorder and the evictions are calls.
         """
         stream = self.streams[partition]
         now_ms = self.now_ms()
@@ -153,14 +152,17 @@ class Pipeline:
         add_query, add_feedback = stream.add_query, stream.add_feedback
         failures: list[tuple[int, EventError]] = []
         n_events = [0, 0]
-        seen = stream.seen
+        highest = [-1, -1]  # per topic, the highest offset of the batch
+        counted_from = stream.counted_from
         # every query's hashes at once (the refused ones too: they are rare)
         bodies, repeats = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
         query = -1  # position among the batch's queries
         for index, (topic, offset, event) in enumerate(batch):
-            count = seen(topic, offset, now_ms)
+            count = offset >= counted_from[topic]  # (not counted again when re-read)
             if count:
                 n_events[topic] += 1
+            if offset > highest[topic]:  # noqa: PLR1730 - no call: it runs per record
+                highest[topic] = offset
             ts_ms = event.timestamp_ms
             if ts_ms < 0 or ts_ms - now_ms > skew:
                 error = self._refused(topic, ts_ms, now_ms, count)
@@ -206,6 +208,8 @@ class Pipeline:
                 if held.feedback > config.max_pending_feedback:
                     self._evict_feedback()
         for topic in (QUERIES, FEEDBACK):
+            if highest[topic] >= 0:
+                stream.read_through(topic, highest[topic], now_ms)
             if n_events[topic]:
                 counts.events[topic] += n_events[topic]
         return failures
