@@ -67,8 +67,10 @@ def _epoch_ms(timestamp: datetime | float) -> int:
 class ScoredResult(Struct, gc=False):
     """A result given as an object; the score is informational, the rank is the position.
 
-    Not hashable (not frozen): the pipeline hashes a list of string chunk ids in one
-    call and falls back to reading ``chunk_id`` when that raises TypeError."""
+    Not hashable (not frozen): the pipeline hashes a query's string chunk ids, or its
+    objects' ``chunk_id`` (read by ``attrgetter``), in C calls, and falls back to
+    telling the two apart item by item when a query mixes them (a TypeError or an
+    AttributeError on the way; ``service.stream.hashes``)."""
 
     chunk_id: ChunkId
     score: float | None = None

@@ -65,16 +65,16 @@ def _random_batch(rng: random.Random, n: int) -> list[Results]:
     return batch
 
 
-@pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("small_batch", [1, 10_000])  # numpy over the batch; one at a time
-def test_a_batch_hashes_each_query_as_it_would_alone(
-    seed: int, small_batch: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Whole batches (mixed lengths and shapes, some with every query of one length, some
-    with strings only) give each query its own hashes packed in rank order, and the
-    repeat check a set of the query's hashes would give."""
-    monkeypatch.setattr(hashes_module, "SMALL_BATCH", small_batch)
-    rng = random.Random(seed)
+def _id(result: str | ScoredResult) -> str:
+    return result if isinstance(result, str) else result.chunk_id
+
+
+def _expected(results: Results) -> bytes:
+    """A query's hashes packed the plain way (not through the module's own helpers)."""
+    return struct.pack(f"={len(results)}q", *(hash(_id(r)) for r in results))
+
+
+def _shaped(rng: random.Random, seed: int) -> list[Results]:
     batch = _random_batch(rng, rng.randrange(1, 300))
     if seed == 0:  # every query of one length (the reshaped path)
         batch = [r for r in batch if len(r) == 20]
@@ -82,16 +82,42 @@ def test_a_batch_hashes_each_query_as_it_would_alone(
         batch = [r for r in batch if all(type(x) is str for x in r)]
     if seed == 2:  # queries of strings and queries of objects, none mixed (all in C calls)
         batch = [r for r in batch if len({type(x) for x in r}) < 2]
+    if seed == 3:  # every query mixed, objects first or strings first
+        plain = [[_id(x) for x in r] for r in batch if len(r) > 1]
+        batch = [[*ids[1:], ScoredResult(chunk_id=ids[0])] for ids in plain]
+        batch += [[ScoredResult(chunk_id=ids[0]), *ids[1:]] for ids in plain]
+    if seed == 4:  # long rows (the contract's most: 1,000 results)
+        batch = [[f"doc-{rng.randrange(5000)}" for _ in range(1000)] for _ in range(20)]
+    # whatever the shape: a query with a repeated id and one without
+    return [*batch, ["x", "y", "x"], [ScoredResult(chunk_id="x"), ScoredResult(chunk_id="z")]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("small_batch", [1, 10_000])  # numpy over the batch; one at a time
+def test_a_batch_hashes_each_query_as_it_would_alone(
+    seed: int, small_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whole batches (mixed lengths and shapes, some with every query of one length, some
+    of strings only, some with every query mixed, some of 1,000 results) give each query
+    its own hashes packed in rank order, and the repeat check a set of its ids would give."""
+    monkeypatch.setattr(hashes_module, "SMALL_BATCH", small_batch)
+    batch = _shaped(random.Random(seed), seed)
     bodies, repeats = hashed_queries(batch)
-    assert len(bodies) == len(batch)
-    expected_repeats = set()
-    for position, (results, body) in enumerate(zip(batch, bodies, strict=True)):
-        expected = chunk_hashes(results)
-        assert list(struct.unpack(f"={len(expected)}q", body)) == expected
-        if len(set(expected)) != len(expected):
-            expected_repeats.add(position)
-    assert repeats == expected_repeats
-    assert 0 < len(repeats) < len(batch)  # (the data has both kinds)
+    assert bodies == [_expected(r) for r in batch]
+    assert repeats == {i for i, r in enumerate(batch) if len({_id(x) for x in r}) < len(r)}
+    assert len(batch) - 2 in repeats
+    assert len(batch) - 1 not in repeats
+
+
+@pytest.mark.parametrize("lengths", [[0] * 20, [1] * 20, [0, 1] * 10, [0] * 19 + [3]])
+def test_batches_of_short_rows(lengths: list[int]) -> None:
+    """Rows too short to repeat an id (and one of three that does), at exactly the size
+    from which a batch is hashed in numpy."""
+    batch: list[Results] = [["same"] * n for n in lengths][: hashes_module.SMALL_BATCH]
+    assert len(batch) == hashes_module.SMALL_BATCH
+    bodies, repeats = hashed_queries(batch)
+    assert bodies == [_expected(r) for r in batch]
+    assert repeats == {i for i, r in enumerate(batch) if len(r) > 1}
 
 
 def test_an_empty_batch_has_no_queries() -> None:

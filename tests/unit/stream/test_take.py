@@ -136,3 +136,35 @@ def test_a_batch_counts_its_events_once_and_only_those_not_counted_before() -> N
     assert p.counts.duplicate_results == 1  # (the re-read one was counted before)
     assert p.streams[0].next_offset == [11, -1]
     assert len(p.streams[0].pending) == 10
+
+
+def test_a_batch_notes_per_topic_its_highest_offset_and_the_time_it_was_taken() -> None:
+    """What the commits and the idleness read: per topic, the next offset to read (never
+    moving back) and the wall time of the last batch with a record of that topic (refused
+    ones too); a topic without records in a batch keeps both."""
+    now = [NOW]
+    p = Pipeline(PipelineConfig(join=JOIN, ks=KS), now_ms=lambda: now[0])
+    stream = p.assign(0)
+    assert stream.watermark.last_seen == [NOW, NOW]
+    now[0] = NOW + 10  # queries only, the last one refused by the guard
+    batch: list[Record] = [(QUERIES, k, query_event(f"q{k}", T0 + k * SEC)) for k in range(4)]
+    refused = p.take(0, [*batch, (QUERIES, 4, query_event("later", NOW + 3_600_000))])
+    assert [at for at, _ in refused] == [4]
+    assert (stream.next_offset, stream.watermark.last_seen) == ([5, -1], [NOW + 10, NOW])
+    now[0] = NOW + 20  # feedback only
+    p.take(0, [(FEEDBACK, k, feedback_event("q1", T0 + 2 * SEC, "a")) for k in range(3)])
+    assert (stream.next_offset, stream.watermark.last_seen) == ([5, 3], [NOW + 10, NOW + 20])
+    now[0] = NOW + 30  # a query read again below the next offset
+    p.take(0, [(QUERIES, 2, query_event("q2", T0 + 2 * SEC))])
+    assert (stream.next_offset, stream.watermark.last_seen) == ([5, 3], [NOW + 30, NOW + 20])
+    now[0] = NOW + 40  # both topics in one batch
+    p.take(
+        0,
+        [
+            (QUERIES, 5, query_event("q5", T0 + 5 * SEC)),
+            (FEEDBACK, 3, feedback_event("q5", T0 + 6 * SEC, "b")),
+            (QUERIES, 6, query_event("q6", T0 + 6 * SEC)),
+        ],
+    )
+    assert (stream.next_offset, stream.watermark.last_seen) == ([7, 4], [NOW + 40, NOW + 40])
+    assert p.counts.events[QUERIES] == 5 + 1 + 2  # (q2 again too: counted_from is 0 here)
