@@ -11,9 +11,10 @@ still done for small batches, where numpy's fixed cost per call would not pay.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import chain
 from operator import attrgetter
+from typing import TypeVar
 
 import numpy as np
 
@@ -27,6 +28,7 @@ SMALL_BATCH = 16
 """Batches of fewer queries are hashed one query at a time."""
 
 _CHUNK_ID = attrgetter("chunk_id")
+_T = TypeVar("_T")
 
 
 def _ids(results: Results) -> Iterable[str]:
@@ -38,14 +40,20 @@ def _chunk_id(result: str | ScoredResult) -> str:
     return result if type(result) is str else result.chunk_id  # type: ignore[union-attr]
 
 
+def _hash_ids(batch: Sequence[Results], into: Callable[[Iterator[int]], _T]) -> _T:
+    """``into`` applied to the hashes of every chunk id of the batch's queries, in order:
+    in C calls when each query's results are all strings or all objects (ScoredResult
+    is not hashable), else telling the two apart id by id."""
+    try:
+        return into(map(hash, chain.from_iterable(map(_ids, batch))))
+    except (TypeError, AttributeError):  # strings and objects in one query
+        return into(map(hash, map(_chunk_id, chain.from_iterable(batch))))
+
+
 def chunk_hashes(results: Results) -> list[int]:
     """The chunk ids' 64-bit hashes in rank order (the join only compares ids of one
     query)."""
-    try:  # all strings, or all objects: in C calls (ScoredResult is not hashable)
-        ids = results if not results or type(results[0]) is str else map(_CHUNK_ID, results)
-        return list(map(hash, ids))
-    except (TypeError, AttributeError):  # strings and objects mixed
-        return list(map(hash, map(_chunk_id, results)))
+    return _hash_ids((results,), list)
 
 
 _LAYOUTS: dict[int, struct.Struct] = {}
@@ -74,13 +82,7 @@ def hashed_queries(batch: Sequence[Results]) -> tuple[list[bytes], set[int]]:
         return bodies, repeats
     lengths = np.fromiter(map(len, batch), np.int64, count=len(batch))
     total = int(lengths.sum())
-    try:  # each query's ids all strings or all objects: in C calls (ScoredResult is not hashable)
-        ids = chain.from_iterable(map(_ids, batch))
-        every = np.fromiter(map(hash, ids), np.int64, count=total)
-    except (TypeError, AttributeError):  # strings and objects in one query
-        every = np.fromiter(
-            map(hash, map(_chunk_id, chain.from_iterable(batch))), np.int64, count=total
-        )
+    every = _hash_ids(batch, lambda hashes: np.fromiter(hashes, np.int64, count=total))
     ends = np.cumsum(lengths)
     starts = ends - lengths
     buffer = every.tobytes()
