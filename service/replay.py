@@ -10,9 +10,11 @@ end of the input everything pending is finalised.
 from __future__ import annotations
 
 import sys
+from bisect import bisect_right
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from functools import partial
+from itertools import count
 from operator import itemgetter
 from typing import Any, TextIO
 
@@ -22,7 +24,7 @@ from msgspec import Struct
 from service.errors import EventError
 from service.mapping.mapper import Mapper, loads
 from service.monitor import Monitor, MonitorConfig
-from service.offline.files import jsonl_lines
+from service.offline.files import open_input
 from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
@@ -42,6 +44,10 @@ events between two are taken by the pipeline as one batch, or several when large
 BATCH_BYTES = 16 << 20
 """A batch is taken early once its lines reach this many bytes (the watermark does not
 move within a batch, so where it is cut changes nothing)."""
+READ_BYTES = 1 << 20
+"""Lines are read about this many bytes at a time (and at most up to the next advance)."""
+MAX_LINE_BYTES = MAX_EVENT_BYTES + 64
+"""The longest line accepted: an event at the limit and the line's own fields."""
 
 
 class _QueryLine(Struct, tag_field="topic", tag="queries", gc=False):
@@ -64,7 +70,7 @@ class LineError(EventError):
 
 
 def _check_line_size(raw: bytes) -> None:
-    if len(raw) > MAX_EVENT_BYTES + 64:
+    if len(raw) > MAX_LINE_BYTES:
         raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
 
 
@@ -138,22 +144,31 @@ in the file."""
 @dataclass(slots=True)
 class _Batch:
     """The valid events read since the batch was last taken (taken by the pipeline as one
-    batch, in file order) and the bad lines among them, each with its place in the input."""
+    batch, in file order) and the bad lines among them, each with its place in the input.
+
+    Places are kept as runs of consecutive lines: ``runs[i]`` is (position in
+    ``events``, place) of the first event of a run, so that a chunk of lines that all
+    decoded costs one entry."""
 
     pipeline: Pipeline
     report: ReplayReport
     errors_to: TextIO
     max_errors_shown: int
     events: list[Record] = field(default_factory=list)
-    places: list[Place] = field(default_factory=list)
+    runs: list[tuple[int, Place]] = field(default_factory=list)
     problems: list[tuple[Place, EventError]] = field(default_factory=list)
+
+    def place(self, at: int) -> Place:
+        """The place of the event at position ``at`` of the batch."""
+        start, (line, path, number) = self.runs[bisect_right(self.runs, (at, _LAST)) - 1]
+        return line + at - start, path, number + at - start
 
     def take(self) -> None:
         """Hand the events to the pipeline; report every bad line, in input order."""
         for at, failure in self.pipeline.take(0, self.events):
-            self.problems.append((self.places[at], failure))
+            self.problems.append((self.place(at), failure))
         self.events.clear()
-        self.places.clear()
+        self.runs.clear()
         self.report_problems()
 
     def report_problems(self) -> None:
@@ -163,6 +178,10 @@ class _Batch:
             if self.report.invalid <= self.max_errors_shown:
                 print(f"{path}:{number}: skipped ({error.reason}): {error}", file=self.errors_to)
         self.problems.clear()
+
+
+_LAST = (sys.maxsize, "", 0)
+"""After every place (to find a run by its position alone)."""
 
 
 def replay(
@@ -191,7 +210,6 @@ def replay(
     pipeline.recorder = labels
     pipeline.assign(0)
     report = ReplayReport()
-    offsets = [0, 0]
 
     def emit(windows: list[ClosedWindow]) -> None:
         if windows:
@@ -203,8 +221,10 @@ def replay(
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
     pending = _Batch(pipeline, report, errors_to, max_errors_shown)
+    reader = _Reader(pending, decode, emit, whole_chunks=mapper is None)
     try:
-        _read(paths, decode, pending, offsets, emit)
+        for path in paths:
+            reader.read(path)
     except BaseException:
         pending.report_problems()  # what was found before the error that stops the replay
         raise
@@ -215,26 +235,76 @@ def replay(
     return monitor, report
 
 
-def _read(
-    paths: Iterable[str],
-    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic],
-    pending: _Batch,
-    offsets: list[int],
-    emit: Callable[[list[ClosedWindow]], None],
-) -> None:
-    """Read every line into ``pending``, taking it (and advancing) as it fills."""
-    pipeline, report = pending.pipeline, pending.report
-    batch, places, problems = pending.events, pending.places, pending.problems
-    batched_bytes = 0
-    for path, number, raw in jsonl_lines(paths):
+@dataclass(slots=True)
+class _Reader:
+    """Reads the files' lines into ``pending``, taking it (and advancing) as it fills.
+
+    Lines are read in chunks that end at the next advance at the latest. A chunk whose
+    lines all decode (the usual case) is decoded and handed over in a few calls; a chunk
+    with a blank, oversized or bad line, or any chunk read through an input mapping, goes
+    line by line, which finds and reports what is wrong."""
+
+    pending: _Batch
+    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic]
+    emit: Callable[[list[ClosedWindow]], None]
+    whole_chunks: bool
+    offsets: list[int] = field(default_factory=lambda: [0, 0])
+    """The next offset of each topic (a line's position among the lines of its topic)."""
+    size: int = 0
+    """Bytes of the lines of the events in ``pending``."""
+
+    def read(self, path: str) -> None:
+        """Read one file; InputFileError if it cannot be opened."""
+        report = self.pending.report
+        with open_input(path) as handle:
+            number = 0  # the file's lines read so far
+            lines: list[bytes] = []
+            while lines or (lines := handle.readlines(READ_BYTES)):
+                room = ADVANCE_EVERY - report.lines % ADVANCE_EVERY
+                chunk, lines = lines[:room], lines[room:]
+                if not (self.whole_chunks and self._whole(chunk, path, number + 1)):
+                    for at, raw in enumerate(chunk, start=number + 1):
+                        if not raw.isspace():  # (never empty; strip() would copy every line)
+                            self._line(path, at, raw)
+                number += len(chunk)
+
+    def _whole(self, chunk: list[bytes], path: str, first: int) -> bool:
+        """Take a chunk of lines that all decode, at once; False (nothing taken) if any
+        line is blank, oversized or bad."""
+        try:
+            if max(map(len, chunk)) > MAX_LINE_BYTES:
+                return False
+            decoded = list(map(_LINE.decode, chunk))
+        except (msgspec.DecodeError, EventError):  # (ValidationError is a DecodeError)
+            return False
+        pending, offsets = self.pending, self.offsets
+        report = pending.report
+        pending.runs.append((len(pending.events), (report.lines + 1, path, first)))
+        queries, feedback = count(offsets[QUERIES]), count(offsets[FEEDBACK])
+        pending.events += [
+            (QUERIES, next(queries), line.event)
+            if type(line) is _QueryLine
+            else (FEEDBACK, next(feedback), line.event)
+            for line in decoded
+        ]
+        offsets[QUERIES], offsets[FEEDBACK] = next(queries), next(feedback)
+        report.lines += len(chunk)
+        self.size += sum(map(len, chunk))
+        self._filled()
+        return True
+
+    def _line(self, path: str, number: int, raw: bytes) -> None:
+        """Take one line, valid or not."""
+        pending, offsets = self.pending, self.offsets
+        report, pipeline = pending.report, pending.pipeline
         report.lines += 1
         try:
-            line = decode(raw)
+            line = self.decode(raw)
         except LineError as error:
             topic = QUERIES if error.topic is None else error.topic
             pipeline.invalid(0, topic, offsets[topic], error.reason)
             offsets[topic] += 1
-            problems.append(((report.lines, path, number), error))
+            pending.problems.append(((report.lines, path, number), error))
         else:
             if isinstance(line, Topic):  # a record the input mapping skips
                 report.ignored += 1
@@ -242,14 +312,20 @@ def _read(
                 offsets[line] += 1
             else:
                 topic = QUERIES if isinstance(line, _QueryLine) else FEEDBACK
-                batch.append((topic, offsets[topic], line.event))
-                places.append((report.lines, path, number))
+                pending.runs.append((len(pending.events), (report.lines, path, number)))
+                pending.events.append((topic, offsets[topic], line.event))
                 offsets[topic] += 1
-                batched_bytes += len(raw)
-        if report.lines % ADVANCE_EVERY == 0:
+                self.size += len(raw)
+        self._filled()
+
+    def _filled(self) -> None:
+        """Take the batch and advance every ``ADVANCE_EVERY`` lines; take it early once its
+        lines pass ``BATCH_BYTES``."""
+        pending = self.pending
+        if pending.report.lines % ADVANCE_EVERY == 0:
             pending.take()
-            batched_bytes = 0
-            emit(pipeline.advance())
-        elif batched_bytes > BATCH_BYTES:  # (large events: a batch's memory is bounded)
+            self.size = 0
+            self.emit(pending.pipeline.advance())
+        elif self.size > BATCH_BYTES:  # (large events: a batch's memory is bounded)
             pending.take()
-            batched_bytes = 0
+            self.size = 0

@@ -23,7 +23,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, BinaryIO, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, StringConstraints, ValidationError
 from pydantic import Field as PydanticField
@@ -108,15 +108,19 @@ class Run:
         return sum(len(docs) - len(set(docs)) for docs in self.rankings.values())
 
 
+def open_input(path: str) -> BinaryIO:
+    """The file opened to read bytes; InputFileError if it cannot be opened."""
+    try:
+        return Path(path).open("rb")
+    except OSError as error:
+        raise InputFileError(path, 0, "(file)", f"cannot open: {error.strerror}") from None
+
+
 def jsonl_lines(paths: Iterable[str]) -> Iterator[tuple[str, int, bytes]]:
     """(path, 1-based number, bytes) of every non-blank line of the files, in order;
     InputFileError for a file that cannot be opened."""
     for path in paths:
-        try:
-            handle = Path(path).open("rb")  # noqa: SIM115 - closed by the with below
-        except OSError as error:
-            raise InputFileError(path, 0, "(file)", f"cannot open: {error.strerror}") from None
-        with handle:
+        with open_input(path) as handle:
             for number, raw in enumerate(handle, start=1):
                 if not raw.isspace():  # (never empty; strip() would copy every line)
                     yield path, number, raw

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from service import replay as replay_module
 from service.cli import main
 from service.errors import InputFileError
 from service.monitor import MonitorConfig
@@ -149,3 +150,82 @@ def test_bad_lines_read_before_a_replay_stops_are_still_reported(tmp_path: Path)
             errors_to=errors,
         )
     assert "good.jsonl:2: skipped (invalid_json)" in errors.getvalue()
+
+
+def _replayed(paths: list[Path], errors: io.StringIO) -> tuple[list[ClosedWindow], object]:
+    windows: list[ClosedWindow] = []
+    monitor, report = replay(
+        [str(p) for p in paths],
+        MonitorConfig(),
+        windows.extend,
+        now_ms=lambda: (NOW_S + 7200) * 1000,  # (the simulated hour is past)
+        errors_to=errors,
+        max_errors_shown=1000,
+    )
+    counts = monitor.pipeline.counts
+    return windows, (report, counts.events, counts.invalid, counts.queries, counts.unmatched)
+
+
+@pytest.mark.parametrize(("advance_every", "read_bytes"), [(64, 2000), (50, 1 << 20), (8192, 300)])
+def test_chunks_that_decode_whole_replay_as_line_by_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, advance_every: int, read_bytes: int
+) -> None:
+    """Chunks of lines that all decode are taken in a few calls; the replay (windows,
+    counters, and the place of every bad line, those the timestamp guard refuses inside
+    such a chunk included) equals the line-by-line reading of the same files, with blank
+    lines, bad lines, a NaN score (refused by the decoder, accepted line by line) and an
+    oversized line among them, and chunks cut at every advance and read size."""
+    events = tmp_path / "events.jsonl"
+    assert main(
+        ["simulate", "--jsonl", str(events), "--start", "2026-12-01T00:00:00Z", "--hours", "1h",
+         "--queries-per-hour", "400", "--seed", "3"]
+    ) == 0  # fmt: skip
+    lines = events.read_bytes().splitlines(keepends=True)
+    nan = json.loads(next(raw for raw in lines if b'"queries"' in raw))
+    nan["event"]["results"] = [{"chunk_id": "c-1", "score": float("nan")}]
+    oversized = b'{"topic": "queries", "event": {"pad": "' + b"x" * ((1 << 20) + 64) + b'"}}'
+    specials = {  # where each goes, the line, and the reason it is refused (or None)
+        7: (b"\n", None),
+        90: (b"   \n", None),
+        150: (json.dumps(nan).encode() + b"\n", "invalid_json"),  # (json.dumps writes NaN)
+        400: (b"not json\n", "invalid_json"),
+        500: (_query_line("future", NOW_S + DAY_S) + b"\n", "future_timestamp"),
+        700: (oversized + b"\n", "oversized"),
+        820: (_query_line("future-2", NOW_S + DAY_S) + b"\n", "future_timestamp"),
+    }
+    for at, (line, _) in sorted(specials.items()):
+        lines.insert(at, line)
+    lines.append(_query_line("future-3", NOW_S + DAY_S))  # (no newline at the end)
+    half = len(lines) // 2
+    paths = [tmp_path / "one.jsonl", tmp_path / "two.jsonl"]
+    paths[0].write_bytes(b"".join(lines[:half]))
+    paths[1].write_bytes(b"".join(lines[half:]))
+    expected = [
+        (f"one.jsonl:{at + 1}" if at < half else f"two.jsonl:{at - half + 1}", reason)
+        for at, (_, reason) in [*specials.items(), (len(lines) - 1, (b"", "future_timestamp"))]
+        if reason is not None
+    ]
+    monkeypatch.setattr("service.replay.ADVANCE_EVERY", advance_every)
+    monkeypatch.setattr("service.replay.READ_BYTES", read_bytes)
+
+    whole = replay_module._Reader._whole
+    taken_whole = []
+
+    def counted(self: replay_module._Reader, chunk: list[bytes], *args: object) -> bool:
+        taken = whole(self, chunk, *args)  # type: ignore[arg-type]
+        taken_whole.append(len(chunk) if taken else 0)
+        return taken
+
+    monkeypatch.setattr(replay_module._Reader, "_whole", counted)
+    chunked_errors = io.StringIO()
+    chunked = _replayed(paths, chunked_errors)
+    monkeypatch.setattr(replay_module._Reader, "_whole", lambda *_: False)
+    by_line_errors = io.StringIO()
+    by_line = _replayed(paths, by_line_errors)
+
+    assert chunked == by_line
+    assert chunked_errors.getvalue() == by_line_errors.getvalue()
+    shown = [line.split(": skipped (") for line in chunked_errors.getvalue().splitlines()]
+    assert [(where.rsplit("/", 1)[-1], rest.split(")")[0]) for where, rest in shown] == expected
+    assert sum(taken_whole) > len(lines) // 2  # most lines went through whole chunks
+    assert len(chunked[0]) > 10
