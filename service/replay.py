@@ -33,7 +33,8 @@ from service.stream.events import (
     query_from,
 )
 from service.stream.mined import LabelRecorder
-from service.stream.pipeline import Pipeline, Record
+from service.stream.pipeline import Pipeline
+from service.stream.take import Record
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms

@@ -35,7 +35,7 @@ from service.mapping.mapper import load_mapper
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
-from service.stream.pipeline import Record
+from service.stream.take import Record
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.watermark import NEVER
 

@@ -26,7 +26,6 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 
 from service.stream.counters import Counts
-from service.stream.hashes import packed_query
 from service.stream.join_state import (
     HEAD,
     HEADER,
@@ -107,106 +106,58 @@ class PartitionStream:
             self.next_offset[topic] = offset + 1
         self.watermark.last_seen[topic] = now_ms
 
-    def add_query(
-        self,
-        offset: int,
-        count: bool,
-        query_id: QueryId,
-        ts_ms: int,
-        retriever: str,
-        segment: str,
-        body: bytes,
-        context_k: int,
-    ) -> bool:
-        """Take a query event; return True when it was accepted (not late, not a duplicate).
+    # The join of a batch's records is written out in ``take.take_batch`` (it runs per
+    # record); what it does only now and then is here.
 
-        ``body`` is the chunk ids' hashes in rank order, packed (``hashes.hashed_queries``);
-        ``context_k`` is -1 when the query logged none.
-        """
+    def published_query(self, query_id: QueryId, start: int, count: bool) -> None:
+        """A query of a window already published: late, or when re-read (not counted) a
+        final query whose re-read feedback is then known for what it is."""
         cfg = self.config
-        start = ts_ms - ts_ms % cfg.window_ms
-        if start + cfg.window_ms <= self.published_through_ms:
-            if count:  # re-read records of published windows are expected and silent
-                self.counts.late[QUERIES] += 1
-            else:  # its re-read feedback is then recognised as belonging to a final query
-                self._recent[query_id] = None
-                self._recent_queue.append(
-                    (start + cfg.window_ms + 2 * cfg.attribution_ms, [query_id])
-                )
-                waiting = self.orphans.pop(query_id, None)
-                if waiting is not None:
-                    self.n_orphans -= len(waiting)
-                    self.held.feedback -= len(waiting)
-            return False
-        watermark = self.watermark
-        if ts_ms > watermark.latest[QUERIES]:  # noqa: PLR1730 - no call: it runs per record
-            watermark.latest[QUERIES] = ts_ms
-        if watermark.value > ts_ms + cfg.attribution_ms:
-            if count:
-                self.counts.late[QUERIES] += 1
-            return False
-        if query_id in self.pending:
-            if count:
-                self.counts.duplicates[QUERIES] += 1
-            return False
-        key = (retriever, segment, start)
-        window = self.windows.get(key)
-        if window is None:
-            serial = self._next_serial
-            self._next_serial += 1
-            window = OpenWindow(retriever, segment, start, serial, offset)
-            self.windows[key] = self.by_serial[serial] = window
-        window.query_ids.append(query_id)
-        try:
-            window.offsets.append(offset - window.offset_base)
-        except OverflowError:  # 32 bits no longer hold it: widen this window's offsets
-            window.offsets = array("q", window.offsets)
-            window.offsets.append(offset - window.offset_base)
-        if context_k > 0x7FFFFFFF:
-            self.wide_context_k[query_id] = context_k
-            context_k = WIDE
-        head = window.serial * cfg.window_ms + ts_ms - start
-        self.pending[query_id] = packed_query(head, context_k, body)
-        self.held.queries += 1
-        if count:
-            self.counts.queries[retriever, segment] += 1
+        if count:  # re-read records of published windows are expected and silent
+            self.counts.late[QUERIES] += 1
+            return
+        self._recent[query_id] = None
+        self._recent_queue.append((start + cfg.window_ms + 2 * cfg.attribution_ms, [query_id]))
         waiting = self.orphans.pop(query_id, None)
         if waiting is not None:
             self.n_orphans -= len(waiting)
             self.held.feedback -= len(waiting)
-            for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
-                applied = self._attach(query_id, window, ts_ms, fb_ts, chunk, grade, fb_offset)
-                if not applied and unclassified:
-                    self.counts.unmatched["outside_window"] += 1
-        return True
 
-    def add_feedback(
+    def open_window(self, key: WindowKey, offset: int) -> OpenWindow:
+        """A new open window, its first query at ``offset``."""
+        serial = self._next_serial
+        self._next_serial += 1
+        window = OpenWindow(*key, serial, offset)
+        self.windows[key] = self.by_serial[serial] = window
+        return window
+
+    @staticmethod
+    def widen_offsets(window: OpenWindow, offset: int) -> None:
+        """Note a query offset that 32 bits no longer hold: the window's offsets widen."""
+        window.offsets = array("q", window.offsets)
+        window.offsets.append(offset - window.offset_base)
+
+    def claim_waiting(self, query_id: QueryId, window: OpenWindow, ts_ms: int) -> None:
+        """A query arrived: the feedback that waited for it is joined now."""
+        waiting = self.orphans.pop(query_id)
+        self.n_orphans -= len(waiting)
+        self.held.feedback -= len(waiting)
+        for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
+            applied = self._attach(query_id, window, ts_ms, fb_ts, chunk, grade, fb_offset)
+            if not applied and unclassified:
+                self.counts.unmatched["outside_window"] += 1
+
+    def unjoined_feedback(
         self, offset: int, count: bool, query_id: QueryId, ts_ms: int, chunk: int, grade: int
     ) -> None:
-        """Take a feedback event with its grade (already mapped from its signal)."""
+        """Feedback whose query is not pending: late (its query was finalised), unmatched
+        (no query it could belong to can still come), or waiting for its query."""
         cfg = self.config
-        watermark = self.watermark
-        if ts_ms > watermark.latest[FEEDBACK]:  # noqa: PLR1730 - as above
-            watermark.latest[FEEDBACK] = ts_ms
-        wm = watermark.value
-        packed = self.pending.get(query_id)
-        if packed is not None:
-            serial, since = divmod(HEAD.unpack_from(packed)[0], cfg.window_ms)
-            window = self.by_serial[serial]
-            query_ts = window.start + since
-            if wm > query_ts + cfg.attribution_ms:
-                if count:
-                    self.counts.late[FEEDBACK] += 1
-            elif (
-                not self._attach(query_id, window, query_ts, ts_ms, chunk, grade, offset) and count
-            ):
-                self.counts.unmatched["outside_window"] += 1
-            return
         if query_id in self._recent:
             if count:
                 self.counts.late[FEEDBACK] += 1
             return
-        if wm > ts_ms + cfg.clock_skew_ms + cfg.attribution_ms:
+        if self.watermark.value > ts_ms + cfg.clock_skew_ms + cfg.attribution_ms:
             if count:  # no query that it could belong to can still be pending
                 self.counts.unmatched["no_query"] += 1
             return

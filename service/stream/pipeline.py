@@ -20,19 +20,15 @@ from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.guard import timestamp_refusal
-from service.stream.hashes import hashed_queries
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
+from service.stream.take import Record, take_batch
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
-
-Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
-"""A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +63,8 @@ class Pipeline:
         self.streams: dict[int, PartitionStream] = {}
         self.held = Held()
         """Pending queries and waiting feedback over all partitions (kept by the streams)."""
-        self._retriever = LabelCap("retriever", config.max_label_values, self.counts)
-        self._segment = LabelCap("segment", config.max_label_values, self.counts)
+        self.retriever_cap = LabelCap("retriever", config.max_label_values, self.counts)
+        self.segment_cap = LabelCap("segment", config.max_label_values, self.counts)
         self.sinks: list[WindowSink] = list(sinks)
         """Told of every durable window and every closed boundary (the window view)."""
         self._closed_through_ms: int | None = None
@@ -115,13 +111,6 @@ class Pipeline:
 
     # -- records -------------------------------------------------------------------------
 
-    def _refused(self, topic: Topic, ts_ms: int, now_ms: int, count: bool) -> EventError | None:
-        """The timestamp guard's error for this record (counted unless re-read), if any."""
-        error = timestamp_refusal(ts_ms, now_ms, self.config.max_future_skew_ms)
-        if error is not None and count:
-            self.counts.invalid[topic, error.reason] += 1
-        return error
-
     def query(self, partition: int, offset: int, event: QueryEvent) -> EventError | None:
         """Take a valid query event; return an error when the guard rejects it."""
         failures = self.take(partition, [(QUERIES, offset, event)])
@@ -132,87 +121,17 @@ class Pipeline:
         failures = self.take(partition, [(FEEDBACK, offset, event)])
         return failures[0][1] if failures else None
 
-    def take(  # noqa: PLR0912, PLR0915 - written out: it runs per record
-        self, partition: int, batch: Sequence[Record]
-    ) -> list[tuple[int, EventError]]:
+    def take(self, partition: int, batch: Sequence[Record]) -> list[tuple[int, EventError]]:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
         return ``(position in batch, error)`` for those the timestamp guard rejects.
 
         The work is per batch where it can be: one clock read (for the guard and the
         idleness of every record), settings and state in locals, the events counted and
         the offsets noted once per topic (``read_through``), the chunk ids hashed together
-        (``hashed_queries``); per record only the join and, when needed, the guard's error,
-        the label caps, the recorder and the evictions are calls.
+        (``hashed_queries``); per record, the usual paths of the join are written out
+        (``take.take_batch``).
         """
-        stream = self.streams[partition]
-        now_ms = self.now_ms()
-        config, counts, held, recorder = self.config, self.counts, self.held, self.recorder
-        skew, grade = config.max_future_skew_ms, config.labels.grade
-        retrievers, segments = self._retriever.values, self._segment.values
-        add_query, add_feedback = stream.add_query, stream.add_feedback
-        failures: list[tuple[int, EventError]] = []
-        n_events = [0, 0]
-        highest = [-1, -1]  # per topic, the highest offset of the batch
-        counted_from = stream.counted_from
-        # every query's hashes at once (the refused ones too: they are rare)
-        bodies, repeats = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
-        query = -1  # position among the batch's queries
-        for index, (topic, offset, event) in enumerate(batch):
-            count = offset >= counted_from[topic]  # (not counted again when re-read)
-            if count:
-                n_events[topic] += 1
-            if offset > highest[topic]:  # noqa: PLR1730 - no call: it runs per record
-                highest[topic] = offset
-            ts_ms = event.timestamp_ms
-            if ts_ms < 0 or ts_ms - now_ms > skew:
-                error = self._refused(topic, ts_ms, now_ms, count)
-                if error is not None:
-                    failures.append((index, error))
-                    query += topic == QUERIES
-                    continue
-            if topic == QUERIES:
-                query += 1
-                if count and query in repeats:
-                    counts.duplicate_results += 1
-                retriever = event.retriever  # type: ignore[union-attr]
-                if retriever not in retrievers:
-                    retriever = self._retriever(retriever)
-                segment = event.segment  # type: ignore[union-attr]
-                if segment not in segments:
-                    segment = self._segment(segment)
-                context_k = event.context_k  # type: ignore[union-attr]
-                query_id = event.query_id.encode()
-                if add_query(
-                    offset,
-                    count,
-                    query_id,
-                    ts_ms,
-                    retriever,
-                    segment,
-                    bodies[query],
-                    -1 if context_k is None else context_k,
-                ):
-                    if recorder is not None:
-                        text = getattr(event, "query_text", None)
-                        recorder.query(query_id, ts_ms, event.chunk_ids(), text)  # type: ignore[union-attr]
-                    first = counts.first_seen_ms.get(retriever)
-                    if first is None or ts_ms < first:
-                        counts.first_seen_ms[retriever] = ts_ms
-                    if held.queries > config.max_pending_queries:  # all partitions
-                        self._evict_queries()
-            else:
-                query_id, chunk = event.query_id.encode(), hash(event.chunk_id)  # type: ignore[union-attr]
-                add_feedback(offset, count, query_id, ts_ms, chunk, grade(event))  # type: ignore[arg-type]
-                if recorder is not None:
-                    recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)  # type: ignore[union-attr]
-                if held.feedback > config.max_pending_feedback:
-                    self._evict_feedback()
-        for topic in (QUERIES, FEEDBACK):
-            if highest[topic] >= 0:
-                stream.read_through(topic, highest[topic], now_ms)
-            if n_events[topic]:
-                counts.events[topic] += n_events[topic]
-        return failures
+        return take_batch(self, self.streams[partition], batch)
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""
@@ -230,7 +149,7 @@ class Pipeline:
             self.counts.events[topic] += 1
             self.counts.invalid[topic, reason] += 1
 
-    def _evict_queries(self) -> None:
+    def evict_queries(self) -> None:
         """Evict the oldest queries of the fullest partition while the total is over the cap.
 
         An eviction is counted once: not again for a record an earlier owner (or an
@@ -244,7 +163,7 @@ class Pipeline:
             if offset >= victim.counted_from[QUERIES]:
                 self.counts.evicted["query"] += 1
 
-    def _evict_feedback(self) -> None:
+    def evict_feedback(self) -> None:
         while self.pending_feedback > self.config.max_pending_feedback:
             victim = max(self.streams.values(), key=_n_orphans)
             dropped = victim.evict_feedback()
