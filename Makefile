@@ -14,6 +14,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/python -m compileall -q service  # (as pip does for a wheel; where PYTHONDONTWRITEBYTECODE is set, each command would compile the package anew)
 	touch $(STAMP)
 
 venv: $(STAMP) ## create .venv and install the package with its test dependencies
@@ -53,6 +54,7 @@ unit: $(STAMP) ## the unit tests only (no services needed)
 	$(BIN)/pytest -q tests/unit
 
 bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in the same run; run needs make kafka-up)
+	$(BIN)/python -m compileall -q service
 	$(BIN)/python tests/benchmarks/bench_evaluate.py
 	$(BIN)/python tests/benchmarks/bench_replay.py
 	$(BIN)/python tests/benchmarks/bench_memory.py

@@ -129,6 +129,12 @@ def _add_streaming_commands(commands: Any) -> None:
     replay.add_argument(
         "--labels-out", help="write the labels output (one line per labelled query) here"
     )
+    replay.add_argument(
+        "--one-process",
+        action="store_true",
+        help="read and decode the files in this process too (by default a second process "
+        "does, when this one may use two cores or more)",
+    )
     add_settings_flags(replay)
 
     sim = commands.add_parser(
@@ -215,7 +221,14 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         mapper = load_mapper(settings.input_mapping)
         recorder = LabelRecorder(settings.labels_query_text) if labels_out else None
-        monitor, report = replay(args.files, config, write, mapper=mapper, labels=recorder)
+        monitor, report = replay(
+            args.files,
+            config,
+            write,
+            mapper=mapper,
+            labels=recorder,
+            reader=False if args.one_process else None,
+        )
     finally:
         if out is not None and out is not sys.stdout.buffer:
             out.close()

@@ -11,27 +11,29 @@ from __future__ import annotations
 
 import sys
 from bisect import bisect_right
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import count
 from operator import itemgetter
-from typing import Any, TextIO
-
-import msgspec
-from msgspec import Struct
+from typing import TextIO
 
 from service.errors import EventError
-from service.mapping.mapper import Mapper, loads
+from service.mapping.mapper import Mapper
 from service.monitor import Monitor, MonitorConfig
 from service.offline.files import open_input
-from service.stream.events import (
-    MAX_EVENT_BYTES,
-    FeedbackEvent,
-    QueryEvent,
-    feedback_from,
-    query_from,
+from service.replay_lines import (
+    FeedbackLine,
+    LineError,
+    QueryLine,
+    chunks,
+    decode_line,
+    decode_mapped_line,
+    decode_whole,
 )
+from service.replay_reader import LeanQuery, Raw, Reader, reader_allowed
+from service.stream.events import QueryEvent
+from service.stream.hashes import hashed_queries
 from service.stream.mined import LabelRecorder
 from service.stream.pipeline import Pipeline
 from service.stream.take import Record
@@ -47,84 +49,6 @@ BATCH_BYTES = 16 << 20
 move within a batch, so where it is cut changes nothing)."""
 READ_BYTES = 1 << 20
 """Lines are read about this many bytes at a time (and at most up to the next advance)."""
-MAX_LINE_BYTES = MAX_EVENT_BYTES + 64
-"""The longest line accepted: an event at the limit and the line's own fields."""
-
-
-class _QueryLine(Struct, tag_field="topic", tag="queries", gc=False):
-    event: QueryEvent
-
-
-class _FeedbackLine(Struct, tag_field="topic", tag="feedback", gc=False):
-    event: FeedbackEvent
-
-
-_LINE = msgspec.json.Decoder(_QueryLine | _FeedbackLine)
-
-
-class LineError(EventError):
-    """A bad replay line; ``topic`` is QUERIES or FEEDBACK when the line names one."""
-
-    def __init__(self, reason: str, message: str, topic: Topic | None = None) -> None:
-        super().__init__(reason, message)
-        self.topic = topic
-
-
-def _check_line_size(raw: bytes) -> None:
-    if len(raw) > MAX_LINE_BYTES:
-        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
-
-
-def decode_line(raw: bytes) -> _QueryLine | _FeedbackLine:
-    """Decode one replay line; raise LineError with the event's reason code if bad."""
-    _check_line_size(raw)
-    try:
-        return _LINE.decode(raw)
-    except (msgspec.ValidationError, EventError):  # (EventError: an event's own checks)
-        pass
-    except msgspec.DecodeError:
-        raise LineError("invalid_json", "the line is not valid JSON") from None
-    # Slow path, only for bad lines (and NaN or Infinity, which Python's json.dumps
-    # writes and pydantic accepted): find which part is wrong and why.
-    topic, event = split_line(raw)
-    try:
-        if topic == QUERIES:
-            return _QueryLine(query_from(event))
-        return _FeedbackLine(feedback_from(event))
-    except EventError as error:
-        raise LineError(error.reason, str(error), topic) from None
-
-
-def split_line(raw: bytes) -> tuple[Topic, Any]:
-    """A line's topic and its ``event`` (any JSON value); LineError if the line is not
-    ``{"topic": "queries" | "feedback", "event": ...}``."""
-    try:
-        outer = loads(raw)
-    except EventError:
-        raise LineError("invalid_json", "the line is not valid JSON") from None
-    if not isinstance(outer, dict) or outer.get("topic") not in ("queries", "feedback"):
-        raise LineError(
-            "invalid_topic", 'a line needs "topic": "queries" or "feedback" and an "event" object'
-        )
-    topic = QUERIES if outer["topic"] == "queries" else FEEDBACK
-    if "event" not in outer:
-        raise LineError("missing_event", 'a line needs an "event" object', topic)
-    return topic, outer["event"]
-
-
-def decode_mapped_line(raw: bytes, mapper: Mapper) -> _QueryLine | _FeedbackLine | Topic:
-    """Decode one replay line whose ``event`` is a user's record, through ``mapper``
-    (only its topic for a record the mapping skips); LineError if bad."""
-    _check_line_size(raw)
-    topic, event = split_line(raw)
-    try:
-        if topic == QUERIES:
-            query = mapper.query(event)
-            return topic if query is None else _QueryLine(query)
-        feedback = mapper.feedback(event)
-        return topic if feedback is None else _FeedbackLine(feedback)
-    except EventError as error:
-        raise LineError(error.reason, str(error), topic) from None
 
 
 @dataclass(slots=True)
@@ -145,7 +69,9 @@ in the file."""
 @dataclass(slots=True)
 class _Batch:
     """The valid events read since the batch was last taken (taken by the pipeline as one
-    batch, in file order) and the bad lines among them, each with its place in the input.
+    batch, in file order, with each query's chunk ids already hashed: ``bodies`` and
+    ``repeats`` as ``hashes.hashed_queries`` gives them) and the bad lines among them,
+    each with its place in the input.
 
     Places are kept as runs of consecutive lines: ``runs[i]`` is (position in
     ``events``, place) of the first event of a run, so that a chunk of lines that all
@@ -156,6 +82,8 @@ class _Batch:
     errors_to: TextIO
     max_errors_shown: int
     events: list[Record] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    repeats: set[int] = field(default_factory=set)
     runs: list[tuple[int, Place]] = field(default_factory=list)
     problems: list[tuple[Place, EventError]] = field(default_factory=list)
 
@@ -164,11 +92,20 @@ class _Batch:
         start, (line, path, number) = self.runs[bisect_right(self.runs, (at, _LAST)) - 1]
         return line + at - start, path, number + at - start
 
+    def add_hashed(self, bodies: list[bytes], repeats: Iterable[int]) -> None:
+        """Note the hashes of the next queries (``repeats``: positions among them)."""
+        base = len(self.bodies)
+        self.bodies += bodies
+        self.repeats.update(base + position for position in repeats)
+
     def take(self) -> None:
         """Hand the events to the pipeline; report every bad line, in input order."""
-        for at, failure in self.pipeline.take(0, self.events):
+        failures = self.pipeline.take(0, self.events, (self.bodies, self.repeats))
+        for at, failure in failures:
             self.problems.append((self.place(at), failure))
         self.events.clear()
+        self.bodies.clear()
+        self.repeats.clear()
         self.runs.clear()
         self.report_problems()
 
@@ -195,12 +132,16 @@ def replay(
     max_errors_shown: int = 20,
     mapper: Mapper | None = None,
     labels: LabelRecorder | None = None,
+    reader: bool | None = None,
 ) -> tuple[Monitor, ReplayReport]:
     """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
 
     Bad lines are reported to ``errors_to`` (default: stderr) with file and line number.
     With ``mapper``, each line's ``event`` is a user's record read through it. With
-    ``labels``, each window carries the labels output of its queries.
+    ``labels``, each window carries the labels output of its queries. ``reader``: read
+    and decode the files in a second process (``replay_reader``); by default when the
+    machine lets this process use two cores, and without ``mapper`` and ``labels``
+    (which read the whole events). The results are the same either way.
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or wall_ms
@@ -218,14 +159,20 @@ def replay(
             pipeline.published(windows)
             report.windows += len(windows)
 
-    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic] = decode_line
+    decode: Callable[[bytes], QueryLine | FeedbackLine | Topic] = decode_line
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
+    if reader is None:
+        reader = mapper is None and labels is None and reader_allowed()
     pending = _Batch(pipeline, report, errors_to, max_errors_shown)
-    reader = _Reader(pending, decode, emit, whole_chunks=mapper is None)
+    lines = _Reader(pending, decode, emit)
+    paths = list(paths)
     try:
-        for path in paths:
-            reader.read(path)
+        if reader:
+            lines.from_reader(paths)
+        else:
+            for path in paths:
+                lines.read(path, whole_chunks=mapper is None)
     except BaseException:
         pending.report_problems()  # what was found before the error that stops the replay
         raise
@@ -243,56 +190,78 @@ class _Reader:
     Lines are read in chunks that end at the next advance at the latest. A chunk whose
     lines all decode (the usual case) is decoded and handed over in a few calls; a chunk
     with a blank, oversized or bad line, or any chunk read through an input mapping, goes
-    line by line, which finds and reports what is wrong."""
+    line by line, which finds and reports what is wrong. With a reader process, the
+    chunks come from it, those that decoded already decoded and hashed."""
 
     pending: _Batch
-    decode: Callable[[bytes], _QueryLine | _FeedbackLine | Topic]
+    decode: Callable[[bytes], QueryLine | FeedbackLine | Topic]
     emit: Callable[[list[ClosedWindow]], None]
-    whole_chunks: bool
     offsets: list[int] = field(default_factory=lambda: [0, 0])
     """The next offset of each topic (a line's position among the lines of its topic)."""
     size: int = 0
     """Bytes of the lines of the events in ``pending``."""
 
-    def read(self, path: str) -> None:
-        """Read one file; InputFileError if it cannot be opened."""
+    def read(self, path: str, *, whole_chunks: bool) -> None:
+        """Read one file in this process; InputFileError if it cannot be opened."""
         report = self.pending.report
         with open_input(path) as handle:
-            number = 0  # the file's lines read so far
-            lines: list[bytes] = []
-            while lines or (lines := handle.readlines(READ_BYTES)):
-                room = ADVANCE_EVERY - report.lines % ADVANCE_EVERY
-                chunk, lines = lines[:room], lines[room:]
-                if not (self.whole_chunks and self._whole(chunk, path, number + 1)):
-                    for at, raw in enumerate(chunk, start=number + 1):
-                        if not raw.isspace():  # (never empty; strip() would copy every line)
-                            self._line(path, at, raw)
-                number += len(chunk)
+            for first, chunk in chunks(handle, READ_BYTES, ADVANCE_EVERY, lambda: report.lines):
+                events = decode_whole(chunk) if whole_chunks else None
+                if events is None:
+                    self._lines(path, first, chunk)
+                    continue
+                queries = [e.results for e in events if type(e) is QueryEvent]
+                self.pending.add_hashed(*hashed_queries(queries))
+                size = sum(map(len, chunk))
+                self._whole(path, first, events, QueryEvent, lines=len(chunk), size=size)
 
-    def _whole(self, chunk: list[bytes], path: str, first: int) -> bool:
-        """Take a chunk of lines that all decode, at once; False (nothing taken) if any
-        line is blank, oversized or bad."""
+    def from_reader(self, paths: list[str]) -> None:
+        """Read the files through a reader process (``replay_reader``)."""
+        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY)
         try:
-            if max(map(len, chunk)) > MAX_LINE_BYTES:
-                return False
-            decoded = list(map(_LINE.decode, chunk))
-        except (msgspec.DecodeError, EventError):  # (ValidationError is a DecodeError)
-            return False
+            for item in reader:
+                if isinstance(item, Raw):
+                    self._lines(item.path, item.first, item.lines)
+                    continue
+                bodies = [e.body for e in item.events if type(e) is LeanQuery]
+                self.pending.add_hashed(bodies, item.repeats)
+                self._whole(
+                    item.path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
+                )
+        finally:
+            reader.close()
+
+    def _whole(
+        self,
+        path: str,
+        first: int,
+        events: Sequence[object],
+        query_type: type,
+        *,
+        lines: int,
+        size: int,
+    ) -> None:
+        """Take the events of a chunk of ``lines`` lines of ``size`` bytes that all decoded
+        (its queries' hashes noted; ``query_type``: the type of its query events)."""
         pending, offsets = self.pending, self.offsets
         report = pending.report
         pending.runs.append((len(pending.events), (report.lines + 1, path, first)))
         queries, feedback = count(offsets[QUERIES]), count(offsets[FEEDBACK])
         pending.events += [
-            (QUERIES, next(queries), line.event)
-            if type(line) is _QueryLine
-            else (FEEDBACK, next(feedback), line.event)
-            for line in decoded
+            (QUERIES, next(queries), event)  # type: ignore[misc]
+            if type(event) is query_type
+            else (FEEDBACK, next(feedback), event)
+            for event in events
         ]
         offsets[QUERIES], offsets[FEEDBACK] = next(queries), next(feedback)
-        report.lines += len(chunk)
-        self.size += sum(map(len, chunk))
+        report.lines += lines
+        self.size += size
         self._filled()
-        return True
+
+    def _lines(self, path: str, first: int, chunk: list[bytes]) -> None:
+        for number, raw in enumerate(chunk, start=first):
+            if not raw.isspace():  # (never empty; strip() would copy every line)
+                self._line(path, number, raw)
 
     def _line(self, path: str, number: int, raw: bytes) -> None:
         """Take one line, valid or not."""
@@ -312,7 +281,9 @@ class _Reader:
                 pipeline.ignored(0, line, offsets[line])
                 offsets[line] += 1
             else:
-                topic = QUERIES if isinstance(line, _QueryLine) else FEEDBACK
+                topic = QUERIES if isinstance(line, QueryLine) else FEEDBACK
+                if topic == QUERIES:
+                    pending.add_hashed(*hashed_queries([line.event.results]))  # type: ignore[union-attr]
                 pending.runs.append((len(pending.events), (report.lines, path, number)))
                 pending.events.append((topic, offsets[topic], line.event))
                 offsets[topic] += 1

@@ -121,17 +121,22 @@ class Pipeline:
         failures = self.take(partition, [(FEEDBACK, offset, event)])
         return failures[0][1] if failures else None
 
-    def take(self, partition: int, batch: Sequence[Record]) -> list[tuple[int, EventError]]:
+    def take(
+        self,
+        partition: int,
+        batch: Sequence[Record],
+        hashed: tuple[list[bytes], set[int]] | None = None,
+    ) -> list[tuple[int, EventError]]:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
         return ``(position in batch, error)`` for those the timestamp guard rejects.
 
         The work is per batch where it can be: one clock read (for the guard and the
         idleness of every record), settings and state in locals, the events counted and
         the offsets noted once per topic (``read_through``), the chunk ids hashed together
-        (``hashed_queries``); per record, the usual paths of the join are written out
-        (``take.take_batch``).
+        (``hashed_queries``, or ``hashed`` when the caller has them); per record, the
+        usual paths of the join are written out (``take.take_batch``).
         """
-        return take_batch(self, self.streams[partition], batch)
+        return take_batch(self, self.streams[partition], batch, hashed)
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""

@@ -22,7 +22,7 @@ from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.guard import timestamp_refusal
 from service.stream.hashes import hashed_queries
 from service.stream.join import PartitionStream
-from service.stream.join_state import HEAD, HEADER, WIDE, Held
+from service.stream.join_state import HEAD, HEADER, WIDE, Held, OpenWindow
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
 from service.stream.topics import FEEDBACK, QUERIES, Topic
@@ -61,10 +61,15 @@ class Taker(Protocol):
 
 
 def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
-    pipeline: Taker, stream: PartitionStream, batch: Sequence[Record]
+    pipeline: Taker,
+    stream: PartitionStream,
+    batch: Sequence[Record],
+    hashed: tuple[list[bytes], set[int]] | None = None,
 ) -> list[tuple[int, EventError]]:
     """Take valid events of one partition in order; return ``(position in batch, error)``
-    for those the timestamp guard rejects (counted unless re-read)."""
+    for those the timestamp guard rejects (counted unless re-read). ``hashed``: the
+    queries' hashes when the caller has them (``hashed_queries`` of every query of the
+    batch, in order), else they are made here."""
     now_ms = pipeline.now_ms()
     config, counts, held, recorder = (
         pipeline.config,
@@ -96,8 +101,11 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     n_events = [0, 0]
     highest = [-1, -1]  # per topic, the highest offset of the batch
     # every query's hashes at once (the refused ones too: they are rare)
-    bodies, repeats = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
+    if hashed is None:
+        hashed = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
+    bodies, repeats = hashed
     query = -1  # position among the batch's queries
+    added: dict[OpenWindow, int] = {}  # queries counted, per window
     for index, (topic, offset, event) in enumerate(batch):
         count = offset >= counted_from[topic]  # (not counted again when re-read)
         if count:
@@ -155,8 +163,8 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
             head = window.serial * window_ms + ts_ms - start
             pending[query_id] = pack(head, context_k) + bodies[query]
             held.queries += 1
-            if count:
-                queries_counted[retriever, segment] += 1
+            if count:  # (per window here, per label pair below: a Counter costs 4 times this)
+                added[window] = added.get(window, 0) + 1
             if query_id in orphans:
                 stream.claim_waiting(query_id, window, ts_ms)
             if recorder is not None:
@@ -197,6 +205,8 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
             if held.feedback > max_feedback:
                 pipeline.evict_feedback()
     watermark.latest[QUERIES], watermark.latest[FEEDBACK] = latest_query, latest_feedback
+    for window, n in added.items():
+        queries_counted[window.retriever, window.segment] += n
     for topic in (QUERIES, FEEDBACK):
         if highest[topic] >= 0:
             stream.read_through(topic, highest[topic], now_ms)

@@ -5,9 +5,10 @@ query, a deploy half-way) into a temporary directory. Each variant runs in its o
 subprocess over that file, interleaved, ``--repeat`` times:
 
 * ``bare``: read the lines and ``orjson.loads`` each (the floor for any Python consumer);
-* ``validate``: ``service.replay.decode_line`` on each line and nothing else (msgspec
+* ``validate``: ``service.replay_lines.decode_line`` on each line and nothing else (msgspec
   validation of the tagged union), to show how much of the time validation takes;
-* ``replay``: ``service.replay.replay`` with the default ``PipelineConfig``: validation,
+* ``replay``: ``service.replay.replay`` with the default ``PipelineConfig`` (and its
+  reader process where there are two cores): validation,
   the event-time join, watermarks, and the finalisation of every window through the
   metric core. Its clock is fixed one hour after the last event (the future-timestamp
   guard passes everything; a replay has no wall-clock idleness).
@@ -16,7 +17,9 @@ and, timed from the outside as whole processes (startup included, as a user runs
 
 * ``bare process``: ``python -c`` the bare loop over the file;
 * ``replay process``: ``python -m service replay FILE --windows-out /dev/null`` (the
-  command line, wall clock and all: the simulated events lie in the past).
+  command line, wall clock and all: the simulated events lie in the past);
+* ``replay process, one process``: the same with ``--one-process`` (no reader process:
+  what one core does).
 
 With ``--mapped``, the same events are also written in a foreign shape (flat records,
 epoch milliseconds, renamed signals: ``tests/foreign_shapes.py``) and replayed through
@@ -54,7 +57,7 @@ ABANDON_RATE = 0.285
 FEEDBACK_PER_QUERY = 1.5
 TARGET = 0.25
 VARIANTS = ("bare", "validate", "replay")
-PROCESSES = ("bare process", "replay process")
+PROCESSES = ("bare process", "replay process", "replay process, one process")
 BARE_SCRIPT = """
 import sys, orjson
 with open(sys.argv[1], "rb") as lines:
@@ -118,7 +121,7 @@ def run_variant(
                     orjson.loads(raw)
                     n += 1
     elif variant == "validate":
-        from service.replay import decode_line
+        from service.replay_lines import decode_line
 
         start = time.perf_counter()
         n = 0
@@ -142,8 +145,10 @@ def run_variant(
         loaded = load_mapping(str(mapping)) if variant == "mapped" and mapping else None
         mapper = Mapper(loaded) if loaded is not None else None
         start = time.perf_counter()
+        # (in one process for the breakdown, whose parts are timed in this process)
+        one = {"reader": False} if variant == "one process" else {}
         _, report = replay(
-            [str(path)], MonitorConfig(), on_windows, now_ms=lambda: now_ms, mapper=mapper
+            [str(path)], MonitorConfig(), on_windows, now_ms=lambda: now_ms, mapper=mapper, **one
         )
         n = report.lines
         out.update(invalid=report.invalid, windows=report.windows, finalised=finalised[0])
@@ -172,7 +177,8 @@ def breakdown(path: Path, now_ms: int) -> dict[str, float]:
     as the command line does): reading and decoding the lines (a pass of its own), the
     finalisation of closed windows (``Pipeline.advance``), taking them in (counters,
     rolling views, the detector: ``Pipeline.published``), and the rest of the replay
-    (the per-record join and bookkeeping, and the loop) by difference."""
+    (the per-record join and bookkeeping, and the loop) by difference. The replay is run
+    in one process (no reader process), so that every part is timed here."""
     from service.stream.pipeline import Pipeline
 
     try:  # (absent in a tree from before issue 16, measured for the "before" figures)
@@ -199,7 +205,7 @@ def breakdown(path: Path, now_ms: int) -> dict[str, float]:
     timed("published")
     decoded = run_variant("validate", path, now_ms)
     n, decode_s = decoded["events"], decoded["seconds"]
-    total_s = run_variant("replay", path, now_ms)["seconds"]
+    total_s = run_variant("one process", path, now_ms)["seconds"]
     rest_s = total_s - decode_s - spent["advance"] - spent["published"]
     return {
         "read and decode": 1e6 * decode_s / n,
@@ -275,6 +281,10 @@ def main() -> None:
                 *(sys.executable, "-m", "service", "replay", str(path)),
                 *("--windows-out", os.devnull),
             ],
+            "replay process, one process": [
+                *(sys.executable, "-m", "service", "replay", str(path)),
+                *("--windows-out", os.devnull, "--one-process"),
+            ],
         }
         for _ in range(args.repeat):
             for variant in variants:  # interleaved, so drift hits every variant
@@ -304,7 +314,7 @@ def report(figures: dict[str, list[dict[str, float]]], n: int, counts: dict[str,
         times = [r["seconds"] for r in rows]
         rates[variant] = n / statistics.median(times)
         print(
-            f"{variant:<14} median {statistics.median(times):7.3f} s  {rates[variant]:>11,.0f} "
+            f"{variant:<27} median {statistics.median(times):7.3f} s  {rates[variant]:>11,.0f} "
             f"events/s   (runs: {', '.join(f'{t:.3f}' for t in times)})"
         )
     last = figures["replay"][-1]
@@ -317,6 +327,8 @@ def report(figures: dict[str, list[dict[str, float]]], n: int, counts: dict[str,
     print(f"ratio replay / bare events/s, in process: {rates['replay'] / rates['bare']:.3f}")
     whole = rates["replay process"] / rates["bare process"]
     print(f"ratio replay / bare events/s, whole processes: {whole:.3f} (target >= {TARGET})")
+    one = rates["replay process, one process"] / rates["bare process"]
+    print(f"the same with --one-process (no reader process): {one:.3f}")
     print(f"ratio validate-only / bare events/s: {rates['validate'] / rates['bare']:.3f}")
     if "mapped" in figures:
         mapped = figures["mapped"][-1]

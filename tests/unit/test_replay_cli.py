@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from service import replay as replay_module
+from service import replay_reader
 from service.cli import main
 from service.errors import InputFileError
 from service.monitor import MonitorConfig
@@ -152,7 +154,9 @@ def test_bad_lines_read_before_a_replay_stops_are_still_reported(tmp_path: Path)
     assert "good.jsonl:2: skipped (invalid_json)" in errors.getvalue()
 
 
-def _replayed(paths: list[Path], errors: io.StringIO) -> tuple[list[ClosedWindow], object]:
+def _replayed(
+    paths: list[Path], errors: io.StringIO, *, reader: bool
+) -> tuple[list[ClosedWindow], object]:
     windows: list[ClosedWindow] = []
     monitor, report = replay(
         [str(p) for p in paths],
@@ -161,9 +165,11 @@ def _replayed(paths: list[Path], errors: io.StringIO) -> tuple[list[ClosedWindow
         now_ms=lambda: (NOW_S + 7200) * 1000,  # (the simulated hour is past)
         errors_to=errors,
         max_errors_shown=1000,
+        reader=reader,
     )
     counts = monitor.pipeline.counts
-    return windows, (report, counts.events, counts.invalid, counts.queries, counts.unmatched)
+    seen = (counts.events, counts.invalid, counts.queries, counts.unmatched, counts.late)
+    return windows, (report, *seen, counts.duplicates, counts.duplicate_results)
 
 
 @pytest.mark.parametrize(("advance_every", "read_bytes"), [(64, 2000), (50, 1 << 20), (8192, 300)])
@@ -183,11 +189,15 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
     lines = events.read_bytes().splitlines(keepends=True)
     nan = json.loads(next(raw for raw in lines if b'"queries"' in raw))
     nan["event"]["results"] = [{"chunk_id": "c-1", "score": float("nan")}]
+    repeated = json.loads(next(raw for raw in lines if b'"queries"' in raw))
+    repeated["event"]["query_id"] += "-again"
+    repeated["event"]["results"] = ["c-1", "c-2", "c-1"]
     oversized = b'{"topic": "queries", "event": {"pad": "' + b"x" * ((1 << 20) + 64) + b'"}}'
     specials = {  # where each goes, the line, and the reason it is refused (or None)
         7: (b"\n", None),
         90: (b"   \n", None),
         150: (json.dumps(nan).encode() + b"\n", "invalid_json"),  # (json.dumps writes NaN)
+        300: (json.dumps(repeated).encode() + b"\n", None),  # (a chunk id twice)
         400: (b"not json\n", "invalid_json"),
         500: (_query_line("future", NOW_S + DAY_S) + b"\n", "future_timestamp"),
         700: (oversized + b"\n", "oversized"),
@@ -208,24 +218,41 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
     monkeypatch.setattr("service.replay.ADVANCE_EVERY", advance_every)
     monkeypatch.setattr("service.replay.READ_BYTES", read_bytes)
 
-    whole = replay_module._Reader._whole
-    taken_whole = []
+    whole = replay_module.decode_whole
+    taken_whole: list[int] = []
 
-    def counted(self: replay_module._Reader, chunk: list[bytes], *args: object) -> bool:
-        taken = whole(self, chunk, *args)  # type: ignore[arg-type]
-        taken_whole.append(len(chunk) if taken else 0)
-        return taken
+    def counted(chunk: list[bytes]) -> object:
+        events = whole(chunk)
+        taken_whole.append(0 if events is None else len(chunk))
+        return events
 
-    monkeypatch.setattr(replay_module._Reader, "_whole", counted)
+    monkeypatch.setattr(replay_module, "decode_whole", counted)
     chunked_errors = io.StringIO()
-    chunked = _replayed(paths, chunked_errors)
-    monkeypatch.setattr(replay_module._Reader, "_whole", lambda *_: False)
+    chunked = _replayed(paths, chunked_errors, reader=False)
+    iterate = replay_reader.Reader.__iter__
+    items: list[str] = []
+
+    def noted(self: replay_reader.Reader) -> Iterator[object]:
+        for item in iterate(self):
+            items.append(type(item).__name__)
+            yield item
+
+    monkeypatch.setattr(replay_reader.Reader, "__iter__", noted)
+    from_reader_errors = io.StringIO()
+    from_reader = _replayed(paths, from_reader_errors, reader=True)
+    monkeypatch.setattr(replay_module, "decode_whole", lambda _: None)
     by_line_errors = io.StringIO()
-    by_line = _replayed(paths, by_line_errors)
+    by_line = _replayed(paths, by_line_errors, reader=False)
 
     assert chunked == by_line
+    assert from_reader == by_line
+    assert chunked_errors.getvalue() == by_line_errors.getvalue()
+    assert from_reader_errors.getvalue() == by_line_errors.getvalue()
+    # most lines went through whole chunks, in this process and from the reader
+    assert sum(taken_whole) > len(lines) // 2
+    assert items.count("Decoded") > items.count("Raw") > 0
+    assert by_line[1][-1] == 1  # (the query with a chunk id twice)
     assert chunked_errors.getvalue() == by_line_errors.getvalue()
     shown = [line.split(": skipped (") for line in chunked_errors.getvalue().splitlines()]
     assert [(where.rsplit("/", 1)[-1], rest.split(")")[0]) for where, rest in shown] == expected
-    assert sum(taken_whole) > len(lines) // 2  # most lines went through whole chunks
     assert len(chunked[0]) > 10

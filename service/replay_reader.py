@@ -1,0 +1,209 @@
+"""``replay``'s reader process: the files read, decoded and hashed in a second process
+while this one joins, so that a replay on a machine with two cores or more runs the two
+halves of its work side by side.
+
+The reader is forked (so that it shares this process's ``hash`` of a string, which the
+join keeps chunk ids as) and sends, in input order, one item per chunk of lines
+(:func:`service.replay_lines.chunks`): the chunk's events, lean (what the join reads,
+each query's chunk ids already hashed and packed), when every line of it decodes; or its
+raw lines, which this process then reads one by one as it would without a reader (a
+blank, oversized or bad line, found and reported there). Items are msgpack and the pipe
+holds little more than one, so the reader is at most a chunk or two ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import traceback
+from collections.abc import Iterator, Sequence
+from multiprocessing.connection import Connection
+
+import msgspec
+from msgspec import Struct
+
+try:
+    import fcntl
+except ImportError:  # (not on Windows, where there is no fork either)
+    fcntl = None  # type: ignore[assignment]
+
+from service.errors import InputFileError
+from service.offline.files import open_input
+from service.replay_lines import chunks, decode_whole
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.hashes import hashed_queries
+
+
+class LeanQuery(Struct, array_like=True, tag=0, gc=False):
+    """A query event as the join reads it, its chunk ids hashed and packed (``body``)."""
+
+    query_id: str
+    timestamp_ms: int
+    retriever: str
+    segment: str
+    context_k: int | None
+    body: bytes
+
+
+class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
+    """A feedback event as the join reads it."""
+
+    query_id: str
+    timestamp_ms: int
+    chunk_id: str
+    signal: str
+    grade: int | None
+    dwell_ms: int | None
+
+
+class Decoded(Struct, array_like=True, tag="decoded"):
+    """A chunk whose lines all decoded: where it starts, its size, its events, and the
+    positions (among its queries) of the queries with a repeated chunk id."""
+
+    path: str
+    first: int
+    lines: int
+    size: int
+    events: list[LeanQuery | LeanFeedback]
+    repeats: list[int]
+
+
+class Raw(Struct, array_like=True, tag="raw"):
+    """A chunk to read line by line (a blank, oversized or bad line is among them)."""
+
+    path: str
+    first: int
+    lines: list[bytes]
+
+
+class Unopened(Struct, array_like=True, tag="unopened"):
+    """The file could not be opened (the replay stops there, as without a reader)."""
+
+    path: str
+
+
+class Failed(Struct, array_like=True, tag="failed"):
+    """The reader stopped on an error of its own."""
+
+    trace: str
+
+
+class Done(Struct, array_like=True, tag="done"):
+    """Every file was read."""
+
+
+Item = Decoded | Raw | Unopened | Failed | Done
+_ITEM = msgspec.msgpack.Decoder(Item)
+
+
+def reader_allowed() -> bool:
+    """Whether a reader process can help: fork exists and this process may use two cores."""
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return False
+    affinity = getattr(os, "sched_getaffinity", None)
+    cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+    return cores > 1
+
+
+def _decoded(
+    path: str, first: int, chunk: list[bytes], events: list[QueryEvent | FeedbackEvent]
+) -> Decoded:
+    """The item of a chunk whose lines all decoded."""
+    bodies, repeats = hashed_queries([e.results for e in events if type(e) is QueryEvent])
+    lean: list[LeanQuery | LeanFeedback] = []
+    queries = iter(bodies)
+    for e in events:
+        if type(e) is QueryEvent:
+            lean.append(
+                LeanQuery(
+                    e.query_id, e.timestamp_ms, e.retriever, e.segment, e.context_k, next(queries)
+                )
+            )
+        else:
+            lean.append(
+                LeanFeedback(e.query_id, e.timestamp_ms, e.chunk_id, e.signal, e.grade, e.dwell_ms)  # type: ignore[union-attr]
+            )
+    return Decoded(path, first, len(chunk), sum(map(len, chunk)), lean, sorted(repeats))
+
+
+def _read(paths: Sequence[str], out: Connection, read_bytes: int, advance_every: int) -> None:
+    """The reader process: every file's chunks, as items, into ``out``."""
+    encode = msgspec.msgpack.Encoder().encode
+    lines_read = [0]  # non-blank lines, over every file (as the replay counts them)
+    try:
+        for path in paths:
+            try:
+                handle = open_input(path)
+            except InputFileError:
+                out.send_bytes(encode(Unopened(path)))
+                return
+            with handle:
+                for first, chunk in chunks(
+                    handle, read_bytes, advance_every, lambda: lines_read[0]
+                ):
+                    events = decode_whole(chunk)
+                    item: Item
+                    if events is None:
+                        item = Raw(path, first, chunk)
+                        lines_read[0] += sum(not raw.isspace() for raw in chunk)
+                    else:
+                        item = _decoded(path, first, chunk, events)
+                        lines_read[0] += len(chunk)
+                    out.send_bytes(encode(item))
+        out.send_bytes(encode(Done()))
+    except BaseException:
+        out.send_bytes(encode(Failed(traceback.format_exc())))
+    finally:
+        out.close()
+
+
+PIPE_BYTES = 1 << 20
+"""The pipe from the reader holds this much (where the system allows it: Linux's default
+ceiling for a process), so that the reader keeps a few chunks ahead while this process
+finalises windows."""
+
+
+def _widen(pipe: Connection) -> None:
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", None) if fcntl is not None else None
+    if set_size is not None:
+        with contextlib.suppress(OSError):  # (a lower ceiling: the reader waits more)
+            fcntl.fcntl(pipe.fileno(), set_size, PIPE_BYTES)
+
+
+class Reader:
+    """A started reader process over ``paths``; iterate for its items, then ``close``."""
+
+    def __init__(self, paths: Sequence[str], read_bytes: int, advance_every: int) -> None:
+        context = multiprocessing.get_context("fork")
+        self._in, out = context.Pipe(duplex=False)
+        _widen(out)
+        self._process = context.Process(
+            target=_read, args=(paths, out, read_bytes, advance_every), daemon=True
+        )
+        self._process.start()
+        out.close()
+
+    def __iter__(self) -> Iterator[Decoded | Raw]:
+        """The items in input order; InputFileError as the replay without a reader would
+        raise it, RuntimeError if the reader failed."""
+        while True:
+            try:
+                item = _ITEM.decode(self._in.recv_bytes())
+            except EOFError:
+                raise RuntimeError("the replay's reader process stopped unexpectedly") from None
+            if isinstance(item, Done):
+                return
+            if isinstance(item, Unopened):
+                open_input(item.path).close()  # (raises the error it met)
+                raise InputFileError(item.path, 0, "(file)", "cannot open it")
+            if isinstance(item, Failed):
+                raise RuntimeError(f"the replay's reader process failed:\n{item.trace}")
+            yield item
+
+    def close(self) -> None:
+        """Stop the reader (if it still runs) and wait for it."""
+        self._in.close()
+        if self._process.is_alive():
+            self._process.terminate()
+        self._process.join()
