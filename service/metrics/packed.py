@@ -92,18 +92,20 @@ def _hits(
     judged = np.flatnonzero(n_relevant)
     if len(judged) == 0:
         return _EMPTY, _EMPTY, _EMPTY
-    if skip:
-        blobs: list[bytes | memoryview] = [memoryview(rankings[i])[skip:] for i in judged.tolist()]
-    else:
-        blobs = [rankings[i] for i in judged.tolist()]
-    lengths = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs)) // 8
-    chunks = np.frombuffer(b"".join(blobs), dtype=np.int64)
-    starts = np.cumsum(lengths) - lengths
+    blobs = [rankings[i] for i in judged.tolist()]
+    sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
+    lengths = (sizes - skip) // 8
+    raw = np.frombuffer(b"".join(blobs), dtype=np.uint8)
+    # every 8 bytes from every position (a view): an id is read at its byte offset, the
+    # rankings left as they are (a memoryview of each, past ``skip``, cost more than this)
+    words = np.lib.stride_tricks.as_strided(raw, shape=(max(len(raw) - 7, 0), 8), strides=(1, 1))
+    starts = np.cumsum(sizes) - sizes + skip  # byte offset of each ranking's first id
     slot = np.searchsorted(judged, lq)  # each label's query among the judged ones
     span = lengths[slot]
     label = np.repeat(np.arange(len(lq)), span)
     position = np.arange(len(label), dtype=np.int64) - np.repeat(np.cumsum(span) - span, span)
-    matched = np.flatnonzero(chunks[starts[slot][label] + position] == lc[label])
+    ids = words[starts[slot][label] + 8 * position].view(np.int64).reshape(-1)
+    matched = np.flatnonzero(ids == lc[label])
     first = np.ones(len(matched), dtype=bool)  # (positions ascend within a label)
     first[1:] = label[matched[1:]] != label[matched[:-1]]
     matched = matched[first]

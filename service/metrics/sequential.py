@@ -135,9 +135,13 @@ def drop_radius(variance: float, tau: float, alpha: float) -> float:
     base = LN2 + 0.5 * math.log(v / (v + tau2))
     quadratic = tau2 / (2.0 * v * (v + tau2))
     slope = tau / math.sqrt(v * (v + tau2))
+    # (``_log_phi`` written out, the same operations: ``slope * mid >= 0`` never takes its
+    # tail branch, and its call was a sixth of this loop)
+    log, erfc = math.log, math.erfc
     for _ in range(48):
         mid = 0.5 * (low + high)
-        if base + quadratic * mid * mid + _log_phi(slope * mid) >= target:
+        x = slope * mid
+        if base + quadratic * mid * mid + log(0.5 * erfc(-x / _SQRT2)) >= target:
             high = mid
         else:
             low = mid
