@@ -30,6 +30,7 @@ from service.replay_lines import (
     decode_line,
     decode_mapped_line,
     decode_whole,
+    oversized,
 )
 from service.replay_reader import LeanQuery, Raw, Reader, reader_allowed
 from service.stream.events import QueryEvent
@@ -163,7 +164,8 @@ def replay(
     if mapper is not None:
         decode = partial(decode_mapped_line, mapper=mapper)
     if reader is None:
-        reader = mapper is None and labels is None and reader_allowed()
+        reader = reader_allowed()
+    reader = reader and mapper is None and labels is None
     pending = _Batch(pipeline, report, errors_to, max_errors_shown)
     lines = _Reader(pending, decode, emit)
     paths = list(paths)
@@ -219,14 +221,14 @@ class _Reader:
         """Read the files through a reader process (``replay_reader``)."""
         reader = Reader(paths, READ_BYTES, ADVANCE_EVERY)
         try:
-            for item in reader:
+            for path, item in reader:
                 if isinstance(item, Raw):
-                    self._lines(item.path, item.first, item.lines)
+                    self._lines(path, item.first, item.lines)
                     continue
                 bodies = [e.body for e in item.events if type(e) is LeanQuery]
                 self.pending.add_hashed(bodies, item.repeats)
                 self._whole(
-                    item.path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
+                    path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
                 )
         finally:
             reader.close()
@@ -258,18 +260,20 @@ class _Reader:
         self.size += size
         self._filled()
 
-    def _lines(self, path: str, first: int, chunk: list[bytes]) -> None:
+    def _lines(self, path: str, first: int, chunk: Sequence[bytes | int]) -> None:
+        """Take a chunk's lines one by one (from the reader, an oversized line is its
+        length; never a blank one)."""
         for number, raw in enumerate(chunk, start=first):
-            if not raw.isspace():  # (never empty; strip() would copy every line)
+            if type(raw) is int or not raw.isspace():  # type: ignore[union-attr]
                 self._line(path, number, raw)
 
-    def _line(self, path: str, number: int, raw: bytes) -> None:
-        """Take one line, valid or not."""
+    def _line(self, path: str, number: int, raw: bytes | int) -> None:
+        """Take one line, valid or not (an int: the length of an oversized line)."""
         pending, offsets = self.pending, self.offsets
         report, pipeline = pending.report, pending.pipeline
         report.lines += 1
         try:
-            line = self.decode(raw)
+            line = self.decode(raw) if type(raw) is bytes else oversized(raw)  # type: ignore[arg-type]
         except LineError as error:
             topic = QUERIES if error.topic is None else error.topic
             pipeline.invalid(0, topic, offsets[topic], error.reason)
@@ -287,7 +291,7 @@ class _Reader:
                 pending.runs.append((len(pending.events), (report.lines, path, number)))
                 pending.events.append((topic, offsets[topic], line.event))
                 offsets[topic] += 1
-                self.size += len(raw)
+                self.size += len(raw)  # type: ignore[arg-type]
         self._filled()
 
     def _filled(self) -> None:

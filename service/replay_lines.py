@@ -6,7 +6,7 @@ time, and the chunks a file is read in (``replay.py`` and its reader process).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import msgspec
 from msgspec import Struct
@@ -47,7 +47,12 @@ class LineError(EventError):
 
 def _check_line_size(raw: bytes) -> None:
     if len(raw) > MAX_LINE_BYTES:
-        raise LineError("oversized", f"line of {len(raw)} bytes exceeds {MAX_EVENT_BYTES} bytes")
+        oversized(len(raw))
+
+
+def oversized(size: int) -> NoReturn:
+    """Raise the error of a line of ``size`` bytes, over ``MAX_LINE_BYTES``."""
+    raise LineError("oversized", f"line of {size} bytes exceeds {MAX_EVENT_BYTES} bytes")
 
 
 def decode_line(raw: bytes) -> QueryLine | FeedbackLine:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import sys
 import traceback
 from collections.abc import Iterator, Sequence
 from multiprocessing.connection import Connection
@@ -30,7 +31,7 @@ except ImportError:  # (not on Windows, where there is no fork either)
 
 from service.errors import InputFileError
 from service.offline.files import open_input
-from service.replay_lines import chunks, decode_whole
+from service.replay_lines import MAX_LINE_BYTES, chunks, decode_whole
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.hashes import hashed_queries
 
@@ -58,10 +59,11 @@ class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
 
 
 class Decoded(Struct, array_like=True, tag="decoded"):
-    """A chunk whose lines all decoded: where it starts, its size, its events, and the
-    positions (among its queries) of the queries with a repeated chunk id."""
+    """A chunk whose lines all decoded: its file (an index into the paths: a path need
+    not be text), its first line, its size, its events, and the positions (among its
+    queries) of the queries with a repeated chunk id."""
 
-    path: str
+    file: int
     first: int
     lines: int
     size: int
@@ -70,17 +72,18 @@ class Decoded(Struct, array_like=True, tag="decoded"):
 
 
 class Raw(Struct, array_like=True, tag="raw"):
-    """A chunk to read line by line (a blank, oversized or bad line is among them)."""
+    """A chunk to read line by line (a blank, oversized or bad line is among them); an
+    oversized line is sent as its length (all that its error says of it)."""
 
-    path: str
+    file: int
     first: int
-    lines: list[bytes]
+    lines: list[bytes | int]
 
 
 class Unopened(Struct, array_like=True, tag="unopened"):
     """The file could not be opened (the replay stops there, as without a reader)."""
 
-    path: str
+    file: int
 
 
 class Failed(Struct, array_like=True, tag="failed"):
@@ -98,8 +101,9 @@ _ITEM = msgspec.msgpack.Decoder(Item)
 
 
 def reader_allowed() -> bool:
-    """Whether a reader process can help: fork exists and this process may use two cores."""
-    if "fork" not in multiprocessing.get_all_start_methods():
+    """Whether a reader process can help: on Linux (where fork is safe to use here) when
+    this process may use two cores or more."""
+    if not sys.platform.startswith("linux"):
         return False
     affinity = getattr(os, "sched_getaffinity", None)
     cores = len(affinity(0)) if affinity is not None else os.cpu_count() or 1
@@ -107,7 +111,7 @@ def reader_allowed() -> bool:
 
 
 def _decoded(
-    path: str, first: int, chunk: list[bytes], events: list[QueryEvent | FeedbackEvent]
+    file: int, first: int, chunk: list[bytes], events: list[QueryEvent | FeedbackEvent]
 ) -> Decoded:
     """The item of a chunk whose lines all decoded."""
     bodies, repeats = hashed_queries([e.results for e in events if type(e) is QueryEvent])
@@ -124,19 +128,32 @@ def _decoded(
             lean.append(
                 LeanFeedback(e.query_id, e.timestamp_ms, e.chunk_id, e.signal, e.grade, e.dwell_ms)  # type: ignore[union-attr]
             )
-    return Decoded(path, first, len(chunk), sum(map(len, chunk)), lean, sorted(repeats))
+    return Decoded(file, first, len(chunk), sum(map(len, chunk)), lean, sorted(repeats))
 
 
-def _read(paths: Sequence[str], out: Connection, read_bytes: int, advance_every: int) -> None:
-    """The reader process: every file's chunks, as items, into ``out``."""
+def _raw(file: int, first: int, chunk: list[bytes]) -> Raw:
+    """The item of a chunk to read line by line."""
+    lines: list[bytes | int] = [
+        len(raw) if len(raw) > MAX_LINE_BYTES and not raw.isspace() else raw for raw in chunk
+    ]
+    return Raw(file, first, lines)
+
+
+def _read(
+    paths: Sequence[str], out: Connection, unused: Connection, read_bytes: int, advance_every: int
+) -> None:
+    """The reader process: every file's chunks, as items, into ``out``. (``unused``, this
+    process's copy of the pipe's other end, is closed first: once the replay's own copy
+    is gone, however it went, a write here fails and the reader ends.)"""
+    unused.close()
     encode = msgspec.msgpack.Encoder().encode
     lines_read = [0]  # non-blank lines, over every file (as the replay counts them)
     try:
-        for path in paths:
+        for file, path in enumerate(paths):
             try:
                 handle = open_input(path)
             except InputFileError:
-                out.send_bytes(encode(Unopened(path)))
+                out.send_bytes(encode(Unopened(file)))
                 return
             with handle:
                 for first, chunk in chunks(
@@ -145,15 +162,16 @@ def _read(paths: Sequence[str], out: Connection, read_bytes: int, advance_every:
                     events = decode_whole(chunk)
                     item: Item
                     if events is None:
-                        item = Raw(path, first, chunk)
+                        item = _raw(file, first, chunk)
                         lines_read[0] += sum(not raw.isspace() for raw in chunk)
                     else:
-                        item = _decoded(path, first, chunk, events)
+                        item = _decoded(file, first, chunk, events)
                         lines_read[0] += len(chunk)
                     out.send_bytes(encode(item))
         out.send_bytes(encode(Done()))
     except BaseException:
-        out.send_bytes(encode(Failed(traceback.format_exc())))
+        with contextlib.suppress(OSError):  # (the replay is gone: nobody to tell)
+            out.send_bytes(encode(Failed(traceback.format_exc())))
     finally:
         out.close()
 
@@ -176,34 +194,39 @@ class Reader:
 
     def __init__(self, paths: Sequence[str], read_bytes: int, advance_every: int) -> None:
         context = multiprocessing.get_context("fork")
+        self.paths = paths
         self._in, out = context.Pipe(duplex=False)
         _widen(out)
         self._process = context.Process(
-            target=_read, args=(paths, out, read_bytes, advance_every), daemon=True
+            target=_read, args=(paths, out, self._in, read_bytes, advance_every), daemon=True
         )
         self._process.start()
         out.close()
 
-    def __iter__(self) -> Iterator[Decoded | Raw]:
-        """The items in input order; InputFileError as the replay without a reader would
-        raise it, RuntimeError if the reader failed."""
+    def __iter__(self) -> Iterator[tuple[str, Decoded | Raw]]:
+        """The items in input order, each with its file's path; InputFileError as the
+        replay without a reader would raise it, RuntimeError if the reader failed."""
         while True:
             try:
                 item = _ITEM.decode(self._in.recv_bytes())
-            except EOFError:
+            except (EOFError, OSError):  # (OSError: it ended within an item)
                 raise RuntimeError("the replay's reader process stopped unexpectedly") from None
             if isinstance(item, Done):
                 return
-            if isinstance(item, Unopened):
-                open_input(item.path).close()  # (raises the error it met)
-                raise InputFileError(item.path, 0, "(file)", "cannot open it")
             if isinstance(item, Failed):
                 raise RuntimeError(f"the replay's reader process failed:\n{item.trace}")
-            yield item
+            path = self.paths[item.file]
+            if isinstance(item, Unopened):
+                open_input(path).close()  # (raises the error it met)
+                raise InputFileError(path, 0, "(file)", "cannot open it")
+            yield path, item
 
     def close(self) -> None:
         """Stop the reader (if it still runs) and wait for it."""
         self._in.close()
         if self._process.is_alive():
             self._process.terminate()
-        self._process.join()
+        self._process.join(timeout=5)
+        if self._process.is_alive():  # (SIGTERM handled and not ending it)
+            self._process.kill()
+            self._process.join()

@@ -123,25 +123,24 @@ def aggregate_groups(
     key only for metrics that have at least one value in that group.
     """
     result: list[MetricAggregates] = [{} for _ in range(n_groups)]
-    keys = list(values)
-    cells = len(keys) * n_groups  # (metric, group) pairs, metric first
     for start in range(0, len(groups), _MAX_BATCH):
         part = slice(start, start + _MAX_BATCH)
-        table = np.stack([values[key][part] for key in keys]) if keys else np.zeros((0, 0))
-        metric, query = np.nonzero(~np.isnan(table))  # (ordered by metric, then query)
-        if len(metric) == 0:
-            continue
-        cell = metric * n_groups + groups[part][query]
-        v = table[metric, query]
-        counts = np.bincount(cell, minlength=cells)
-        sums = _limb_sums(to_fixed(v), cell, cells)
-        sums_sq = _limb_sums(to_fixed(v * v), cell, cells)
-        counted = counts.tolist()
-        for c in np.flatnonzero(counts).tolist():
-            key, gi = keys[c // n_groups], c % n_groups
-            add = Moments(counted[c], sums[c], sums_sq[c])
-            current = result[gi].get(key)
-            result[gi][key] = add if current is None else current + add
+        part_groups = groups[part]
+        for key, column in values.items():
+            vals = column[part]
+            present = ~np.isnan(vals)
+            if not present.any():
+                continue
+            g = part_groups[present]
+            v = vals[present]
+            counts = np.bincount(g, minlength=n_groups)
+            sums = _limb_sums(to_fixed(v), g, n_groups)
+            sums_sq = _limb_sums(to_fixed(v * v), g, n_groups)
+            counted = counts.tolist()
+            for gi in np.flatnonzero(counts).tolist():
+                add = Moments(counted[gi], sums[gi], sums_sq[gi])
+                current = result[gi].get(key)
+                result[gi][key] = add if current is None else current + add
     return result
 
 

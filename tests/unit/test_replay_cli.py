@@ -234,7 +234,7 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
 
     def noted(self: replay_reader.Reader) -> Iterator[object]:
         for item in iterate(self):
-            items.append(type(item).__name__)
+            items.append(type(item[1]).__name__)
             yield item
 
     monkeypatch.setattr(replay_reader.Reader, "__iter__", noted)

@@ -1,0 +1,89 @@
+"""``replay``'s reader process: the same replay as in one process, whatever the file is
+called, and no reader left behind when the replay is gone."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+
+from service.cli import main
+from service.monitor import MonitorConfig
+from service.replay import replay
+from service.replay_reader import Reader
+from service.stream.mined import LabelRecorder
+from service.stream.windows import ClosedWindow
+
+NOW_MS = 1_796_083_200_000 + 7200_000  # (after the simulated hour)
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("reader") / "events.jsonl"
+    assert main(
+        ["simulate", "--jsonl", str(path), "--start", "2026-12-01T00:00:00Z", "--hours", "1h",
+         "--queries-per-hour", "2000", "--seed", "11"]
+    ) == 0  # fmt: skip
+    return path
+
+
+def _replayed(
+    paths: list[str], *, reader: bool, labels: LabelRecorder | None = None
+) -> tuple[list[ClosedWindow], str, tuple[object, ...]]:
+    windows: list[ClosedWindow] = []
+    errors = io.StringIO()
+    monitor, report = replay(
+        paths,
+        MonitorConfig(),
+        windows.extend,
+        now_ms=lambda: NOW_MS,
+        errors_to=errors,
+        labels=labels,
+        reader=reader,
+    )
+    counts = monitor.pipeline.counts
+    return windows, errors.getvalue(), (report, counts.events, counts.queries, counts.unmatched)
+
+
+def test_a_file_whose_name_is_not_text_is_read_through_the_reader(
+    events: Path, tmp_path: Path
+) -> None:
+    """A path that is not valid UTF-8 (a str with surrogate escapes on Linux) cannot go
+    through msgpack; the reader names files by their position, so the replay is the one
+    made in a single process, its bad line reported under that name."""
+    name = os.fsdecode(tmp_path.as_posix().encode() + b"/caf\xe9.jsonl")
+    Path(name).write_bytes(events.read_bytes() + b"not json\n")
+    in_one = _replayed([name], reader=False)
+    assert _replayed([name], reader=True) == in_one
+    assert len(in_one[0]) > 5
+    assert in_one[1].startswith(f"{name}:")
+    assert "(invalid_json)" in in_one[1]
+
+
+def test_labels_are_recorded_in_one_process_even_when_a_reader_is_asked_for(
+    events: Path,
+) -> None:
+    """The labels output needs the whole events: with a recorder, ``reader=True`` reads in
+    this process (a lean event has no chunk ids) and gives the same labels."""
+    asked = _replayed([str(events)], reader=True, labels=LabelRecorder())
+    alone = _replayed([str(events)], reader=False, labels=LabelRecorder())
+    assert asked == alone
+    assert sum(len(w.labels) for w in asked[0]) > 10
+
+
+def test_the_reader_ends_once_the_replay_is_gone(events: Path, tmp_path: Path) -> None:
+    """If the replay's end of the pipe goes (however the replay ended), the reader's next
+    write fails and it ends, instead of waiting on a full pipe for ever: it must not hold
+    a copy of that end itself."""
+    big = tmp_path / "big.jsonl"
+    big.write_bytes(events.read_bytes() * 4)  # (more than the pipe holds)
+    reader = Reader([str(big)], 1 << 20, 8192)
+    reader._in.close()  # (as if the replay had been killed)
+    reader._process.join(timeout=30)
+    alive = reader._process.is_alive()
+    if alive:
+        reader._process.kill()
+        reader._process.join()
+    assert not alive
