@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import io
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,6 @@ import pytest
 from service.cli import main
 from service.monitor import MonitorConfig
 from service.replay import replay
-from service.replay_reader import Reader
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
 
@@ -73,17 +76,36 @@ def test_labels_are_recorded_in_one_process_even_when_a_reader_is_asked_for(
     assert sum(len(w.labels) for w in asked[0]) > 10
 
 
+def _ended(pid: int) -> bool:
+    """Whether the process is gone (or a zombie nobody reaps: it ran to its end)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
 def test_the_reader_ends_once_the_replay_is_gone(events: Path, tmp_path: Path) -> None:
-    """If the replay's end of the pipe goes (however the replay ended), the reader's next
-    write fails and it ends, instead of waiting on a full pipe for ever: it must not hold
-    a copy of that end itself."""
+    """A replay killed before its end (here: it exits at once, without closing anything)
+    leaves no reader behind: the reader does not hold a copy of the replay's end of the
+    pipe, so its next write fails and it ends, instead of waiting on a full pipe for ever."""
     big = tmp_path / "big.jsonl"
     big.write_bytes(events.read_bytes() * 4)  # (more than the pipe holds)
-    reader = Reader([str(big)], 1 << 20, 8192)
-    reader._in.close()  # (as if the replay had been killed)
-    reader._process.join(timeout=30)
-    alive = reader._process.is_alive()
-    if alive:
-        reader._process.kill()
-        reader._process.join()
-    assert not alive
+    script = (
+        "import os, sys\n"
+        "from service.replay_reader import Reader\n"
+        "reader = Reader([sys.argv[1]], 1 << 20, 8192)\n"
+        "print(reader._process.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(big)], capture_output=True, text=True, check=True
+    )
+    pid = int(done.stdout)
+    deadline = time.monotonic() + 30
+    while not _ended(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ended = _ended(pid)
+    if not ended:
+        os.kill(pid, signal.SIGKILL)
+    assert ended
