@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
+from service.metrics.sequential import SequentialResult
 from service.stream.windows import SliceKey
 from service.times import DAY_MS, HOUR_MS, rfc3339
 
@@ -155,10 +156,9 @@ class BoundaryTest:
     n_baseline: int
     n_candidate: int
     delta: float
-    ci_low: float
-    ci_high: float
-    """The confidence sequence of the delta at the test's level: it covers the true
-    difference at every look at once."""
+    look: SequentialResult
+    """The look's test (its confidence sequence, :attr:`ci`, is computed from it when
+    asked for)."""
     log_e: float
     """log of this look's e-value: the one-sided mixture likelihood ratio (evidence of a
     drop against "the candidate is not worse")."""
@@ -182,7 +182,17 @@ class BoundaryTest:
 
     @property
     def ci(self) -> tuple[float, float]:
-        return self.ci_low, self.ci_high
+        """The confidence sequence of the delta at the test's level: it covers the true
+        difference at every look at once."""
+        return self.look.ci
+
+    @property
+    def ci_low(self) -> float:
+        return self.ci[0]
+
+    @property
+    def ci_high(self) -> float:
+        return self.ci[1]
 
     @property
     def e_value(self) -> float:

@@ -169,9 +169,16 @@ class SequentialResult:
     """log Lambda at ``theta_0 = 0``: the evidence against "no difference"."""
     log_e_drop: float
     """log Lambda_drop: the evidence of a drop, against "the candidate is not worse"."""
-    radius: float
-    """Half-width of the one-sided confidence sequences at the level asked for
-    (:func:`drop_radius`): ``delta + radius`` bounds the difference from above."""
+    tau: float
+    alpha: float
+    """The level of the confidence sequences (:attr:`radius`)."""
+
+    @property
+    def radius(self) -> float:
+        """Half-width of the one-sided confidence sequences at level ``alpha``
+        (:func:`drop_radius`): ``delta + radius`` bounds the difference from above.
+        Computed when asked for (a bisection: most looks are never shown)."""
+        return drop_radius(self.variance, self.tau, self.alpha)
 
     @property
     def e_value(self) -> float:
@@ -185,7 +192,8 @@ class SequentialResult:
 
     @property
     def ci(self) -> tuple[float, float]:
-        return self.delta - self.radius, self.delta + self.radius
+        radius = self.radius
+        return self.delta - radius, self.delta + radius
 
 
 VARIANCE_FLOOR = 1e-12
@@ -234,7 +242,8 @@ def msprt_strata(
         variance=v,
         log_e=float(log_mixture_ratio(delta, v, tau)),
         log_e_drop=float(log_drop_ratio(delta, v, tau)),
-        radius=drop_radius(v, tau, alpha),
+        tau=tau,
+        alpha=alpha,
     )
 
 
