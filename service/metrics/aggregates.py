@@ -28,6 +28,10 @@ SCALE = 1 << SCALE_BITS
 _LIMB_BITS = 26
 _LIMB_MASK = (1 << _LIMB_BITS) - 1
 _MAX_BATCH = 1 << _LIMB_BITS
+"""At most this many values are summed in one limb (exact below 2**53)."""
+_TABLE_QUERIES = 1 << 12
+"""Queries aggregated at a time (or as many as there are groups, if more): every
+metric's values of this many are one table, a few MB at most."""
 
 
 class Moments(msgspec.Struct, frozen=True, gc=False):
@@ -104,10 +108,12 @@ def to_fixed(values: NDArray[np.float64]) -> NDArray[np.int64]:
     return np.rint(values * SCALE).astype(np.int64)
 
 
-def _limb_sums(fixed: NDArray[np.int64], groups: NDArray[np.int64], n_groups: int) -> list[int]:
-    """Exact per-group sums of fixed-point integers below 2**53."""
-    hi = np.bincount(groups, weights=fixed >> _LIMB_BITS, minlength=n_groups)
-    lo = np.bincount(groups, weights=fixed & _LIMB_MASK, minlength=n_groups)
+def _limb_sums(
+    fixed: NDArray[np.int64], cells: NDArray[np.int64], n_cells: int, present: NDArray[np.int64]
+) -> list[int]:
+    """Exact sums of fixed-point integers below 2**53 per cell, for the ``present`` cells."""
+    hi = np.bincount(cells, weights=fixed >> _LIMB_BITS, minlength=n_cells)[present]
+    lo = np.bincount(cells, weights=fixed & _LIMB_MASK, minlength=n_cells)[present]
     # (as Python floats first: exact integers below 2**53, and far cheaper than numpy scalars)
     return [(int(h) << _LIMB_BITS) + int(w) for h, w in zip(hi.tolist(), lo.tolist(), strict=True)]
 
@@ -121,26 +127,33 @@ def aggregate_groups(
 
     ``groups[i]`` is the group index of query i. Returns one mapping per group, with a
     key only for metrics that have at least one value in that group.
+
+    Every metric's values of a part of the queries are one table, summed in one
+    ``bincount`` per sum over its (metric, group) cells.
     """
     result: list[MetricAggregates] = [{} for _ in range(n_groups)]
-    for start in range(0, len(groups), _MAX_BATCH):
-        part = slice(start, start + _MAX_BATCH)
-        part_groups = groups[part]
-        for key, column in values.items():
-            vals = column[part]
-            present = ~np.isnan(vals)
-            if not present.any():
-                continue
-            g = part_groups[present]
-            v = vals[present]
-            counts = np.bincount(g, minlength=n_groups)
-            sums = _limb_sums(to_fixed(v), g, n_groups)
-            sums_sq = _limb_sums(to_fixed(v * v), g, n_groups)
-            counted = counts.tolist()
-            for gi in np.flatnonzero(counts).tolist():
-                add = Moments(counted[gi], sums[gi], sums_sq[gi])
-                current = result[gi].get(key)
-                result[gi][key] = add if current is None else current + add
+    keys = list(values)
+    n_cells = len(keys) * n_groups  # (metric, group) pairs, metric first
+    step = min(max(_TABLE_QUERIES, n_groups), _MAX_BATCH)
+    for start in range(0, len(groups) if keys else 0, step):
+        part = slice(start, start + step)
+        table = np.stack([values[key][part] for key in keys])
+        metric, query = np.nonzero(~np.isnan(table))  # (ordered by metric, then query)
+        if len(metric) == 0:
+            continue
+        cells = metric * n_groups + groups[part][query]
+        v = table[metric, query]
+        counts = np.bincount(cells, minlength=n_cells)
+        present = np.flatnonzero(counts)
+        sums = _limb_sums(to_fixed(v), cells, n_cells, present)
+        sums_sq = _limb_sums(to_fixed(v * v), cells, n_cells, present)
+        for c, n, total, total_sq in zip(
+            present.tolist(), counts[present].tolist(), sums, sums_sq, strict=True
+        ):
+            key, gi = keys[c // n_groups], c % n_groups
+            add = Moments(n, total, total_sq)
+            current = result[gi].get(key)
+            result[gi][key] = add if current is None else current + add
     return result
 
 
