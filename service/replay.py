@@ -33,11 +33,10 @@ from service.replay_lines import (
     oversized,
 )
 from service.replay_reader import LeanQuery, Raw, Reader, reader_allowed
-from service.stream.events import QueryEvent
-from service.stream.hashes import hashed_queries
+from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.mined import LabelRecorder
 from service.stream.pipeline import Pipeline
-from service.stream.take import Record
+from service.stream.take import Prepared, Record, prepare
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms
@@ -70,9 +69,8 @@ in the file."""
 @dataclass(slots=True)
 class _Batch:
     """The valid events read since the batch was last taken (taken by the pipeline as one
-    batch, in file order, with each query's chunk ids already hashed: ``bodies`` and
-    ``repeats`` as ``hashes.hashed_queries`` gives them) and the bad lines among them,
-    each with its place in the input.
+    batch, in file order, with their ``take.prepare`` columns already made: ``bodies``
+    to ``levels``) and the bad lines among them, each with its place in the input.
 
     Places are kept as runs of consecutive lines: ``runs[i]`` is (position in
     ``events``, place) of the first event of a run, so that a chunk of lines that all
@@ -85,6 +83,9 @@ class _Batch:
     events: list[Record] = field(default_factory=list)
     bodies: list[bytes] = field(default_factory=list)
     repeats: set[int] = field(default_factory=set)
+    keys: list[bytes] = field(default_factory=list)
+    chunks: list[int] = field(default_factory=list)
+    levels: list[int] = field(default_factory=list)
     runs: list[tuple[int, Place]] = field(default_factory=list)
     problems: list[tuple[Place, EventError]] = field(default_factory=list)
 
@@ -93,20 +94,24 @@ class _Batch:
         start, (line, path, number) = self.runs[bisect_right(self.runs, (at, _LAST)) - 1]
         return line + at - start, path, number + at - start
 
-    def add_hashed(self, bodies: list[bytes], repeats: Iterable[int]) -> None:
-        """Note the hashes of the next queries (``repeats``: positions among them)."""
+    def add_prepared(self, prepared: Prepared) -> None:
+        """Note the ``take.prepare`` columns of the next events."""
         base = len(self.bodies)
-        self.bodies += bodies
-        self.repeats.update(base + position for position in repeats)
+        self.bodies += prepared.bodies
+        self.repeats.update(base + position for position in prepared.repeats)
+        self.keys += prepared.keys
+        self.chunks += prepared.chunks
+        self.levels += prepared.levels
 
     def take(self) -> None:
         """Hand the events to the pipeline; report every bad line, in input order."""
-        failures = self.pipeline.take(0, self.events, (self.bodies, self.repeats))
+        columns = Prepared(self.bodies, self.repeats, self.keys, self.chunks, self.levels)
+        failures = self.pipeline.take(0, self.events, columns)
         for at, failure in failures:
             self.problems.append((self.place(at), failure))
         self.events.clear()
-        self.bodies.clear()
-        self.repeats.clear()
+        for column in columns:
+            column.clear()
         self.runs.clear()
         self.report_problems()
 
@@ -167,7 +172,7 @@ def replay(
         reader = reader_allowed()
     reader = reader and mapper is None and labels is None
     pending = _Batch(pipeline, report, errors_to, max_errors_shown)
-    lines = _Reader(pending, decode, emit)
+    lines = _Reader(pending, decode, emit, pipeline.config.labels.grade)
     paths = list(paths)
     try:
         if reader:
@@ -198,6 +203,8 @@ class _Reader:
     pending: _Batch
     decode: Callable[[bytes], QueryLine | FeedbackLine | Topic]
     emit: Callable[[list[ClosedWindow]], None]
+    grade: Callable[[FeedbackEvent], int]
+    """The label policy's grade of a feedback event."""
     offsets: list[int] = field(default_factory=lambda: [0, 0])
     """The next offset of each topic (a line's position among the lines of its topic)."""
     size: int = 0
@@ -212,21 +219,21 @@ class _Reader:
                 if events is None:
                     self._lines(path, first, chunk)
                     continue
-                queries = [e.results for e in events if type(e) is QueryEvent]
-                self.pending.add_hashed(*hashed_queries(queries))
+                self.pending.add_prepared(prepare(events, self.grade))
                 size = sum(map(len, chunk))
                 self._whole(path, first, events, QueryEvent, lines=len(chunk), size=size)
 
     def from_reader(self, paths: list[str]) -> None:
         """Read the files through a reader process (``replay_reader``)."""
-        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY)
+        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY, self.grade)
         try:
             for path, item in reader:
                 if isinstance(item, Raw):
                     self._lines(path, item.first, item.lines)
                     continue
-                bodies = [e.body for e in item.events if type(e) is LeanQuery]
-                self.pending.add_hashed(bodies, item.repeats)
+                self.pending.add_prepared(
+                    Prepared(item.bodies, set(item.repeats), item.keys, item.chunks, item.levels)
+                )
                 self._whole(
                     path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
                 )
@@ -286,8 +293,7 @@ class _Reader:
                 offsets[line] += 1
             else:
                 topic = QUERIES if isinstance(line, QueryLine) else FEEDBACK
-                if topic == QUERIES:
-                    pending.add_hashed(*hashed_queries([line.event.results]))  # type: ignore[union-attr]
+                pending.add_prepared(prepare([line.event], self.grade))
                 pending.runs.append((len(pending.events), (report.lines, path, number)))
                 pending.events.append((topic, offsets[topic], line.event))
                 offsets[topic] += 1

@@ -18,7 +18,7 @@ import multiprocessing
 import os
 import sys
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 
 import msgspec
@@ -33,42 +33,41 @@ from service.errors import InputFileError
 from service.offline.files import open_input
 from service.replay_lines import MAX_LINE_BYTES, chunks, decode_whole
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.hashes import hashed_queries
+from service.stream.take import prepare
 
 
 class LeanQuery(Struct, array_like=True, tag=0, gc=False):
-    """A query event as the join reads it, its chunk ids hashed and packed (``body``)."""
+    """A query event as the join reads it (its id and its chunk ids, hashed and packed,
+    are in the chunk's columns)."""
 
-    query_id: str
     timestamp_ms: int
     retriever: str
     segment: str
     context_k: int | None
-    body: bytes
 
 
 class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
-    """A feedback event as the join reads it."""
+    """A feedback event as the join reads it (its query id, its chunk id's hash and its
+    grade are in the chunk's columns)."""
 
-    query_id: str
     timestamp_ms: int
-    chunk_id: str
-    signal: str
-    grade: int | None
-    dwell_ms: int | None
 
 
 class Decoded(Struct, array_like=True, tag="decoded"):
     """A chunk whose lines all decoded: its file (an index into the paths: a path need
-    not be text), its first line, its size, its events, and the positions (among its
-    queries) of the queries with a repeated chunk id."""
+    not be text), its first line, its size, its events, and their ``take.prepare``
+    columns."""
 
     file: int
     first: int
     lines: int
     size: int
     events: list[LeanQuery | LeanFeedback]
+    bodies: list[bytes]
     repeats: list[int]
+    keys: list[bytes]
+    chunks: list[int]
+    levels: list[int]
 
 
 class Raw(Struct, array_like=True, tag="raw"):
@@ -111,24 +110,24 @@ def reader_allowed() -> bool:
 
 
 def _decoded(
-    file: int, first: int, chunk: list[bytes], events: list[QueryEvent | FeedbackEvent]
+    file: int,
+    first: int,
+    chunk: list[bytes],
+    events: list[QueryEvent | FeedbackEvent],
+    grade: Callable[[FeedbackEvent], int],
 ) -> Decoded:
     """The item of a chunk whose lines all decoded."""
-    bodies, repeats = hashed_queries([e.results for e in events if type(e) is QueryEvent])
-    lean: list[LeanQuery | LeanFeedback] = []
-    queries = iter(bodies)
-    for e in events:
-        if type(e) is QueryEvent:
-            lean.append(
-                LeanQuery(
-                    e.query_id, e.timestamp_ms, e.retriever, e.segment, e.context_k, next(queries)
-                )
-            )
-        else:
-            lean.append(
-                LeanFeedback(e.query_id, e.timestamp_ms, e.chunk_id, e.signal, e.grade, e.dwell_ms)  # type: ignore[union-attr]
-            )
-    return Decoded(file, first, len(chunk), sum(map(len, chunk)), lean, sorted(repeats))
+    bodies, repeats, keys, chunk_hashes, levels = prepare(events, grade)
+    lean: list[LeanQuery | LeanFeedback] = [
+        LeanQuery(e.timestamp_ms, e.retriever, e.segment, e.context_k)
+        if type(e) is QueryEvent
+        else LeanFeedback(e.timestamp_ms)
+        for e in events
+    ]
+    size = sum(map(len, chunk))
+    return Decoded(
+        file, first, len(chunk), size, lean, bodies, sorted(repeats), keys, chunk_hashes, levels
+    )
 
 
 def _raw(file: int, first: int, chunk: list[bytes]) -> Raw:
@@ -140,7 +139,13 @@ def _raw(file: int, first: int, chunk: list[bytes]) -> Raw:
 
 
 def _read(
-    paths: Sequence[str], out: Connection, unused: Connection, read_bytes: int, advance_every: int
+    paths: Sequence[str],
+    out: Connection,
+    unused: Connection,
+    read_bytes: int,
+    advance_every: int,
+    *,
+    grade: Callable[[FeedbackEvent], int],
 ) -> None:
     """The reader process: every file's chunks, as items, into ``out``. (``unused``, this
     process's copy of the pipe's other end, is closed first: once the replay's own copy
@@ -165,7 +170,7 @@ def _read(
                         item = _raw(file, first, chunk)
                         lines_read[0] += sum(not raw.isspace() for raw in chunk)
                     else:
-                        item = _decoded(file, first, chunk, events)
+                        item = _decoded(file, first, chunk, events, grade)
                         lines_read[0] += len(chunk)
                     out.send_bytes(encode(item))
         out.send_bytes(encode(Done()))
@@ -190,15 +195,25 @@ def _widen(pipe: Connection) -> None:
 
 
 class Reader:
-    """A started reader process over ``paths``; iterate for its items, then ``close``."""
+    """A started reader process over ``paths``; iterate for its items, then ``close``.
+    ``grade``: the label policy's grade of a feedback event."""
 
-    def __init__(self, paths: Sequence[str], read_bytes: int, advance_every: int) -> None:
+    def __init__(
+        self,
+        paths: Sequence[str],
+        read_bytes: int,
+        advance_every: int,
+        grade: Callable[[FeedbackEvent], int],
+    ) -> None:
         context = multiprocessing.get_context("fork")
         self.paths = paths
         self._in, out = context.Pipe(duplex=False)
         _widen(out)
         self._process = context.Process(
-            target=_read, args=(paths, out, self._in, read_bytes, advance_every), daemon=True
+            target=_read,
+            args=(paths, out, self._in, read_bytes, advance_every),
+            kwargs={"grade": grade},
+            daemon=True,
         )
         self._process.start()
         out.close()

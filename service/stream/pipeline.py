@@ -24,7 +24,7 @@ from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
-from service.stream.take import Record, take_batch
+from service.stream.take import Prepared, Record, take_batch
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
@@ -125,18 +125,19 @@ class Pipeline:
         self,
         partition: int,
         batch: Sequence[Record],
-        hashed: tuple[list[bytes], set[int]] | None = None,
+        prepared: Prepared | None = None,
     ) -> list[tuple[int, EventError]]:
         """Take valid events of one partition in order, ``(topic, offset, event)`` each;
         return ``(position in batch, error)`` for those the timestamp guard rejects.
 
         The work is per batch where it can be: one clock read (for the guard and the
         idleness of every record), settings and state in locals, the events counted and
-        the offsets noted once per topic (``read_through``), the chunk ids hashed together
-        (``hashed_queries``, or ``hashed`` when the caller has them); per record, the
-        usual paths of the join are written out (``take.take_batch``).
+        the offsets noted once per topic (``read_through``), what does not depend on the
+        join made for the whole batch (``take.prepare``, or ``prepared`` when the caller
+        has it); per record, the usual paths of the join are written out
+        (``take.take_batch``).
         """
-        return take_batch(self, self.streams[partition], batch, hashed)
+        return take_batch(self, self.streams[partition], batch, prepared)
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""

@@ -4,7 +4,9 @@ the event-time join (see :mod:`service.stream.join` for what the join keeps and 
 
 It runs for every record, so the usual path of a query (accepted into an open window)
 and of a feedback event (joined to its pending query) is written out here with the
-settings and the state in local variables, and no call but the hash and the grade; the
+settings and the state in local variables, and no call; what does not depend on the
+join (ids as bytes, hashes, grades: :func:`prepare`) is made for the whole batch first,
+or by the caller (``replay``'s reader process makes it while this process joins); the
 rest (a refusal, a new window, a re-read of a published window, feedback that waits for
 its query, the label caps past their first values, the recorder, the evictions) is a
 call. The watermark does not move within a batch (only :meth:`Pipeline.advance` moves
@@ -14,7 +16,7 @@ it), and the largest event times seen are written back once, at the end.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from service.errors import EventError
 from service.stream.counters import Counts, LabelCap
@@ -29,6 +31,35 @@ from service.stream.topics import FEEDBACK, QUERIES, Topic
 
 Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
 """A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
+
+
+class Prepared(NamedTuple):
+    """What the join takes of a batch's events that does not depend on its state, in
+    columns: per query (in batch order) its chunk ids' hashes packed, and the positions
+    (among the queries) of those with a repeated id (``hashes.hashed_queries``); per
+    event its query id as bytes, and for feedback the hash of its chunk id and its grade
+    (0 for a query)."""
+
+    bodies: list[bytes]
+    repeats: set[int]
+    keys: list[bytes]
+    chunks: list[int]
+    levels: list[int]
+
+
+def prepare(
+    events: Sequence[QueryEvent | FeedbackEvent], grade: Callable[[FeedbackEvent], int]
+) -> Prepared:
+    """The :class:`Prepared` columns of a batch's events (``grade``: the label policy's)."""
+    bodies, repeats = hashed_queries([e.results for e in events if type(e) is not FeedbackEvent])  # type: ignore[union-attr]
+    feedback = [type(e) is FeedbackEvent for e in events]
+    return Prepared(
+        bodies,
+        repeats,
+        [e.query_id.encode() for e in events],
+        [hash(e.chunk_id) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[union-attr]
+        [grade(e) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[arg-type]
+    )
 
 
 class _Limits(Protocol):
@@ -64,12 +95,13 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     pipeline: Taker,
     stream: PartitionStream,
     batch: Sequence[Record],
-    hashed: tuple[list[bytes], set[int]] | None = None,
+    prepared: Prepared | None = None,
 ) -> list[tuple[int, EventError]]:
     """Take valid events of one partition in order; return ``(position in batch, error)``
-    for those the timestamp guard rejects (counted unless re-read). ``hashed``: the
-    queries' hashes when the caller has them (``hashed_queries`` of every query of the
-    batch, in order), else they are made here."""
+    for those the timestamp guard rejects (counted unless re-read). ``prepared``: the
+    batch's :func:`prepare` columns when the caller has them, else they are made here
+    (the events are then whole events; with them, events need only the fields the join
+    reads)."""
     now_ms = pipeline.now_ms()
     config, counts, held, recorder = (
         pipeline.config,
@@ -77,7 +109,7 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
         pipeline.held,
         pipeline.recorder,
     )
-    skew, grade = config.max_future_skew_ms, config.labels.grade
+    skew = config.max_future_skew_ms
     max_queries, max_feedback = config.max_pending_queries, config.max_pending_feedback
     retriever_cap, segment_cap = pipeline.retriever_cap, pipeline.segment_cap
     retrievers, segments = retriever_cap.values, segment_cap.values
@@ -100,10 +132,10 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     failures: list[tuple[int, EventError]] = []
     n_events = [0, 0]
     highest = [-1, -1]  # per topic, the highest offset of the batch
-    # every query's hashes at once (the refused ones too: they are rare)
-    if hashed is None:
-        hashed = hashed_queries([r[2].results for r in batch if r[0] == QUERIES])  # type: ignore[union-attr]
-    bodies, repeats = hashed
+    # the columns of every event at once (the refused ones' too: they are rare)
+    if prepared is None:
+        prepared = prepare([r[2] for r in batch], config.labels.grade)
+    bodies, repeats, keys, chunks, levels = prepared
     query = -1  # position among the batch's queries
     added: dict[OpenWindow, int] = {}  # queries counted, per window
     for index, (topic, offset, event) in enumerate(batch):
@@ -131,7 +163,7 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
             segment = event.segment  # type: ignore[union-attr]
             if segment not in segments:
                 segment = segment_cap(segment)
-            query_id = event.query_id.encode()
+            query_id = keys[index]
             start = ts_ms - ts_ms % window_ms
             if start + window_ms <= published_through_ms:
                 stream.published_query(query_id, start, count)
@@ -176,8 +208,7 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
             if held.queries > max_queries:  # all partitions
                 pipeline.evict_queries()
         else:
-            query_id, chunk = event.query_id.encode(), hash(event.chunk_id)  # type: ignore[union-attr]
-            level = grade(event)  # type: ignore[arg-type]
+            query_id, chunk, level = keys[index], chunks[index], levels[index]
             if ts_ms > latest_feedback:  # noqa: PLR1730 - as above
                 latest_feedback = ts_ms
             packed = pending.get(query_id)

@@ -94,7 +94,8 @@ def test_the_reader_ends_once_the_replay_is_gone(events: Path, tmp_path: Path) -
     script = (
         "import os, sys\n"
         "from service.replay_reader import Reader\n"
-        "reader = Reader([sys.argv[1]], 1 << 20, 8192)\n"
+        "from service.stream.labels import LabelPolicy\n"
+        "reader = Reader([sys.argv[1]], 1 << 20, 8192, LabelPolicy().grade)\n"
         "print(reader._process.pid, flush=True)\n"
         "os._exit(0)\n"
     )
