@@ -14,6 +14,7 @@ equal), so every metric is computed by the same code.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -35,19 +36,14 @@ def judge_packed(
     n = len(rankings)
     if len(labels) != n or len(context_ks) != n:
         raise ValueError(f"{n} rankings, {len(labels)} label sets, {len(context_ks)} context_k")
-    label_q: list[int] = []
-    label_chunk: list[int] = []
-    label_grade: list[int] = []
-    for qi, grades in enumerate(labels):
-        if grades:
-            label_q += [qi] * len(grades)
-            label_chunk += grades.keys()
-            label_grade += grades.values()
-    lq = np.asarray(label_q, dtype=np.int64)
-    lg = np.asarray(label_grade, dtype=np.int64)
+    # every label in three flat arrays (query, chunk, grade), in a few C-level passes
+    judged = [qi for qi, grades in enumerate(labels) if grades]
+    present: list[Mapping[int, int]] = [labels[qi] for qi in judged]  # type: ignore[misc]
+    lq = np.repeat(np.asarray(judged, dtype=np.int64), list(map(len, present)))
+    lc = np.array(list(chain.from_iterable(present)), dtype=np.int64)
+    lg = np.array([g for grades in present for g in grades.values()], dtype=np.int64)
     relevant = lg > 0
-    lq, lg = lq[relevant], lg[relevant]
-    lc = np.asarray(label_chunk, dtype=np.int64)[relevant]
+    lq, lg, lc = lq[relevant], lg[relevant], lc[relevant]
     n_relevant = np.bincount(lq, minlength=n).astype(np.int64)
     ideal_q, ideal_pos, ideal_gain = _ideal(lq, lg, ideal_depth)
     hit_q, hit_rank, hit_gain = _hits(rankings, n_relevant, lq, lc, lg, skip=skip)
@@ -94,17 +90,21 @@ def _hits(
         return _EMPTY, _EMPTY, _EMPTY
     blobs = [rankings[i] for i in judged.tolist()]
     sizes = np.fromiter(map(len, blobs), dtype=np.int64, count=len(blobs))
-    lengths = (sizes - skip) // 8
-    raw = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-    # every 8 bytes from every position (a view): an id is read at its byte offset, the
-    # rankings left as they are (a memoryview of each, past ``skip``, cost more than this)
-    words = np.lib.stride_tricks.as_strided(raw, shape=(max(len(raw) - 7, 0), 8), strides=(1, 1))
-    starts = np.cumsum(sizes) - sizes + skip  # byte offset of each ranking's first id
+    lengths, odd = np.divmod(sizes - skip, 8)
+    if odd.any():
+        raise ValueError(f"a packed ranking is not {skip} bytes and whole int64 ids")
+    # joined with ``pad`` bytes between rankings, every id is at the same alignment, so
+    # that one int64 view of the whole reads them all (no copy of each ranking)
+    pad = -skip % 8
+    joined = bytes(pad).join(blobs)
+    align = skip % 8
+    words = np.frombuffer(joined, dtype=np.int64, count=(len(joined) - align) // 8, offset=align)
+    first_word = (np.cumsum(sizes + pad) - (sizes + pad) + skip - align) // 8
     slot = np.searchsorted(judged, lq)  # each label's query among the judged ones
     span = lengths[slot]
     label = np.repeat(np.arange(len(lq)), span)
     position = np.arange(len(label), dtype=np.int64) - np.repeat(np.cumsum(span) - span, span)
-    ids = words[starts[slot][label] + 8 * position].view(np.int64).reshape(-1)
+    ids = words[first_word[slot][label] + position]
     matched = np.flatnonzero(ids == lc[label])
     first = np.ones(len(matched), dtype=bool)  # (positions ascend within a label)
     first[1:] = label[matched[1:]] != label[matched[:-1]]
