@@ -20,10 +20,8 @@ from typing import Any
 import orjson
 
 from service import __version__
-from service.check_input import check_input
 from service.config import add_settings_flags, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
-from service.mapping.mapper import load_mapper
 from service.metrics.ir import metric_keys
 from service.monitor import MonitorConfig
 from service.offline_commands import (
@@ -219,7 +217,11 @@ def _replay(args: argparse.Namespace) -> int:
                 labels_out.writelines(orjson.dumps(r) + b"\n" for r in window.labels)
 
     try:
-        mapper = load_mapper(settings.input_mapping)
+        mapper = None
+        if settings.input_mapping:  # (its models are built only when a mapping is used)
+            from service.mapping.mapper import load_mapper  # noqa: PLC0415
+
+            mapper = load_mapper(settings.input_mapping)
         recorder = LabelRecorder(settings.labels_query_text) if labels_out else None
         monitor, report = replay(
             args.files,
@@ -283,6 +285,8 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _check_input(args: argparse.Namespace) -> int:
+    from service.check_input import check_input  # noqa: PLC0415 - the mapping's models
+
     settings = settings_from_args(args)
     report = check_input(settings, args.files, args.kafka, args.sample)
     names = (settings.queries_topic, settings.feedback_topic)

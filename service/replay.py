@@ -16,10 +16,9 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import count
 from operator import itemgetter
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from service.errors import EventError
-from service.mapping.mapper import Mapper
 from service.monitor import Monitor, MonitorConfig
 from service.offline.files import open_input
 from service.replay_lines import (
@@ -40,6 +39,9 @@ from service.stream.take import Prepared, Record, prepare
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms
+
+if TYPE_CHECKING:  # (the mapping's models are built only when a mapping is used)
+    from service.mapping.mapper import Mapper
 
 ADVANCE_EVERY = 8192
 """Records between watermark advances (finalisation is batched over this many); the

@@ -6,13 +6,13 @@ time, and the chunks a file is read in (``replay.py`` and its reader process).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import IO, Any, NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 import msgspec
 from msgspec import Struct
 
 from service.errors import EventError
-from service.mapping.mapper import Mapper, loads
+from service.mapping.json_records import loads
 from service.stream.events import (
     MAX_EVENT_BYTES,
     FeedbackEvent,
@@ -21,6 +21,9 @@ from service.stream.events import (
     query_from,
 )
 from service.stream.topics import FEEDBACK, QUERIES, Topic
+
+if TYPE_CHECKING:  # (the mapping's models are built only when a mapping is used)
+    from service.mapping.mapper import Mapper
 
 MAX_LINE_BYTES = MAX_EVENT_BYTES + 64
 """The longest line accepted: an event at the limit and the line's own fields."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.errors import EventError
-from service.mapping.mapper import Mapper, loads
+from service.mapping.json_records import loads
+from service.mapping.mapper import Mapper
 from service.mapping.spec import InputMapping
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.topics import FEEDBACK, QUERIES, Topic

@@ -17,9 +17,8 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
-
 from service.errors import EventError
+from service.mapping.json_records import loads
 from service.mapping.paths import AbsentError, Path, WrongTypeError, kind_of
 from service.mapping.spec import REQUIRED, FieldSpec, InputMapping, load_mapping
 from service.stream.events import (
@@ -258,16 +257,3 @@ def load_mapper(spec: str | None) -> Mapper | None:
     """The mapper of ``--input-mapping`` (None without one: the contract's decoder)."""
     mapping = load_mapping(spec)
     return Mapper(mapping) if mapping is not None else None
-
-
-def loads(raw: bytes | str) -> Any:
-    """A user's JSON record (or a replay line): orjson, and Python's json for what only it
-    reads (NaN and Infinity, which Python's json.dumps writes; integers over 64 bits);
-    EventError ``invalid_json`` if neither can."""
-    try:
-        return orjson.loads(raw)
-    except orjson.JSONDecodeError as error:
-        try:
-            return json.loads(raw)
-        except ValueError:
-            raise EventError("invalid_json", f"not valid JSON: {error}") from None
