@@ -27,7 +27,7 @@ from service.stream.join import PartitionStream
 from service.stream.join_state import HEAD, HEADER, WIDE, Held, OpenWindow
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
-from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.topics import FEEDBACK, QUERIES, TOPICS, Topic
 
 Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
 """A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
@@ -130,8 +130,18 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     head_of, pack = HEAD.unpack_from, HEADER.pack
     counted_from = stream.counted_from
     failures: list[tuple[int, EventError]] = []
-    n_events = [0, 0]
-    highest = [-1, -1]  # per topic, the highest offset of the batch
+    # each topic's offsets: the events counted, the offsets read through and whether every
+    # record is new (so that the loop need not ask; a re-read is counted only past
+    # ``counted_from``)
+    offsets_of = (
+        [r[1] for r in batch if r[0] == QUERIES],
+        [r[1] for r in batch if r[0] != QUERIES],
+    )
+    fresh = all(
+        not offsets or min(offsets) >= counted_from[topic]
+        for topic, offsets in zip(TOPICS, offsets_of, strict=True)
+    )
+    limit_ms = now_ms + skew  # (the timestamp guard's latest time)
     # the columns of every event at once (the refused ones' too: they are rare)
     if prepared is None:
         prepared = prepare([r[2] for r in batch], config.labels.grade)
@@ -139,13 +149,9 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     query = -1  # position among the batch's queries
     added: dict[OpenWindow, int] = {}  # queries counted, per window
     for index, (topic, offset, event) in enumerate(batch):
-        count = offset >= counted_from[topic]  # (not counted again when re-read)
-        if count:
-            n_events[topic] += 1
-        if offset > highest[topic]:  # noqa: PLR1730 - no call: it runs per record
-            highest[topic] = offset
+        count = fresh or offset >= counted_from[topic]  # (not counted again when re-read)
         ts_ms = event.timestamp_ms
-        if ts_ms < 0 or ts_ms - now_ms > skew:
+        if ts_ms < 0 or ts_ms > limit_ms:
             error = timestamp_refusal(ts_ms, now_ms, skew)
             if error is not None:
                 if count:
@@ -238,9 +244,11 @@ def take_batch(  # noqa: PLR0912, PLR0915 - written out: it runs per record
     watermark.latest[QUERIES], watermark.latest[FEEDBACK] = latest_query, latest_feedback
     for window, n in added.items():
         queries_counted[window.retriever, window.segment] += n
-    for topic in (QUERIES, FEEDBACK):
-        if highest[topic] >= 0:
-            stream.read_through(topic, highest[topic], now_ms)
-        if n_events[topic]:
-            counts.events[topic] += n_events[topic]
+    for topic, offsets in zip(TOPICS, offsets_of, strict=True):
+        if offsets:
+            stream.read_through(topic, max(offsets), now_ms)
+            start_at = counted_from[topic]
+            counted = len(offsets) if fresh else sum(offset >= start_at for offset in offsets)
+            if counted:
+                counts.events[topic] += counted
     return failures
