@@ -12,7 +12,17 @@ from service.stream import hashes
 from service.stream.events import QueryEvent
 from service.stream.pipeline import Pipeline, PipelineConfig, Record
 from service.stream.topics import FEEDBACK, QUERIES
-from tests.unit.stream.test_join import ATTR, JOIN, KS, NOW, SEC, T0, feedback_event, query_event
+from tests.unit.stream.test_join import (
+    ATTR,
+    JOIN,
+    KS,
+    NOW,
+    SEC,
+    SKEW,
+    T0,
+    feedback_event,
+    query_event,
+)
 
 CHUNKS = ("a", "b", "c", "d")
 
@@ -168,3 +178,57 @@ def test_a_batch_notes_per_topic_its_highest_offset_and_the_time_it_was_taken() 
     )
     assert (stream.next_offset, stream.watermark.last_seen) == ([7, 4], [NOW + 40, NOW + 40])
     assert p.counts.events[QUERIES] == 5 + 1 + 2  # (q2 again too: counted_from is 0 here)
+
+
+signal: st.SearchStrategy[tuple[str, dict[str, int]]] = st.one_of(
+    st.tuples(st.just("click"), st.sampled_from([{}, {"dwell_ms": 5_000}, {"dwell_ms": 60_000}])),
+    st.tuples(st.just("citation"), st.just({})),
+    st.tuples(st.just("judgment"), st.sampled_from([{"grade": g} for g in range(4)])),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    feedback=st.lists(
+        st.tuples(
+            st.one_of(  # ms after the query: the bounds of its attribution window, and between
+                st.sampled_from([-SKEW - 1, -SKEW, 0, ATTR, ATTR + 1]),
+                st.integers(-SKEW - 2 * SEC, ATTR + 2 * SEC),
+            ),
+            st.sampled_from(CHUNKS),
+            signal,
+            st.integers(0, 40),  # feedback offset
+        ),
+        min_size=1,
+        max_size=8,
+        unique_by=lambda f: f[3],
+    ),
+)
+def test_feedback_joined_on_arrival_labels_as_feedback_that_waited_for_its_query(
+    feedback: list[tuple[int, str, tuple[str, dict[str, int]], int]],
+) -> None:
+    """The join's two ways to label a query: the loop's own, for feedback that finds its
+    query pending, and ``PartitionStream._attach``, for feedback that waited for its
+    query. Written twice for speed, they must give the same labels, the same lowest
+    feedback offset of the window and the same count of feedback outside the query's
+    attribution window, whichever comes first."""
+    query_ts = T0 + 3 * 60 * SEC
+    query: Record = (QUERIES, 0, query_event("q", query_ts, results=CHUNKS))
+    signals: list[Record] = [
+        (FEEDBACK, offset, feedback_event("q", query_ts + delta, chunk, kind, **extra))
+        for delta, chunk, (kind, extra), offset in feedback
+    ]
+    outcomes = []
+    for batches in ([[query, *signals]], [signals, [query]], [[*signals, query]]):
+        p = Pipeline(PipelineConfig(join=JOIN, ks=KS), now_ms=lambda: NOW)
+        stream = p.assign(0)
+        for batch in batches:
+            assert p.take(0, batch) == []
+        (window,) = stream.windows.values()
+        outcomes.append(
+            (stream.labels.get(b"q"), window.min_fb_offset, p.counts.unmatched["outside_window"])
+        )
+    assert outcomes[1] == outcomes[0]
+    assert outcomes[2] == outcomes[0]
+    inside = [f for f in feedback if -SKEW <= f[0] <= ATTR]
+    assert (outcomes[0][0] is not None) == bool(inside)
