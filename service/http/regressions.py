@@ -107,6 +107,7 @@ def _merged(
 
 def _regression(regression: Regression) -> RegressionView:
     latest: BoundaryTest = regression.latest
+    ci_low, ci_high = latest.ci  # (computed when asked for: once)
     return RegressionView(
         retriever=latest.retriever,
         segment=latest.segment,
@@ -118,8 +119,8 @@ def _regression(regression: Regression) -> RegressionView:
         baseline_mean=latest.baseline_mean,
         candidate_mean=latest.candidate_mean,
         delta=latest.delta,
-        ci_low=latest.ci_low,
-        ci_high=latest.ci_high,
+        ci_low=ci_low,
+        ci_high=ci_high,
         p_value=latest.p_value,
         e_value=latest.e_value,
         closed_e_value=latest.closed_e_value,
