@@ -35,7 +35,7 @@ from service.replay_reader import LeanQuery, Raw, Reader, reader_allowed
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.mined import LabelRecorder
 from service.stream.pipeline import Pipeline
-from service.stream.take import Prepared, Record, prepare
+from service.stream.prepared import Prepared, Record, prepare
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 from service.times import wall_ms

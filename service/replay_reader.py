@@ -33,7 +33,7 @@ from service.errors import InputFileError
 from service.offline.files import open_input
 from service.replay_lines import MAX_LINE_BYTES, chunks, decode_whole
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.take import prepare
+from service.stream.prepared import prepare
 
 
 class LeanQuery(Struct, array_like=True, tag=0, gc=False):

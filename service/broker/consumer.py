@@ -35,7 +35,7 @@ from service.mapping.mapper import load_mapper
 from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
-from service.stream.take import Record
+from service.stream.prepared import Record
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.watermark import NEVER
 
@@ -240,7 +240,7 @@ class KafkaEdge:
     def _process(self, tp: Any, records: Iterable[Any]) -> None:
         """Decode and take one topic partition's records (under both locks)."""
         partition = tp.partition
-        if partition not in self.pipeline.streams:
+        if not self.pipeline.owns(partition):
             return  # revoked while these were in flight
         is_query = tp.topic == self.topics[0]
         decode: Callable[[bytes], Any]

@@ -24,7 +24,8 @@ from service.stream.join import PartitionStream
 from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
-from service.stream.take import Prepared, Record, take_batch
+from service.stream.prepared import Prepared, Record
+from service.stream.take import take_batch
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
@@ -108,6 +109,10 @@ class Pipeline:
             self.held.queries -= len(stream.pending)
             self.held.feedback -= stream.n_orphans
         self._closed_through_ms = None
+
+    def owns(self, partition: int) -> bool:
+        """Whether ``partition`` is assigned here (its records are taken)."""
+        return partition in self.streams
 
     # -- records -------------------------------------------------------------------------
 

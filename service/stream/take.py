@@ -4,62 +4,30 @@ the event-time join (see :mod:`service.stream.join` for what the join keeps and 
 
 It runs for every record, so the usual path of a query (accepted into an open window)
 and of a feedback event (joined to its pending query) is written out here with the
-settings and the state in local variables, and no call; what does not depend on the
-join (ids as bytes, hashes, grades: :func:`prepare`) is made for the whole batch first,
-or by the caller (``replay``'s reader process makes it while this process joins); the
-rest (a refusal, a new window, a re-read of a published window, feedback that waits for
-its query, the label caps past their first values, the recorder, the evictions) is a
-call. The watermark does not move within a batch (only :meth:`Pipeline.advance` moves
-it), and the largest event times seen are written back once, at the end.
+settings and the state in local variables, and no call; what does not depend on the join
+(ids as bytes, hashes, grades: :mod:`service.stream.prepared`) is made for the whole
+batch first, or by the caller (``replay``'s reader process makes it while this process
+joins); the rest (a refusal, a new window, a re-read of a published window, feedback
+that waits for its query, the label caps past their first values, the recorder, the
+evictions) is a call. The watermark does not move within a batch (only
+:meth:`Pipeline.advance` moves it), and the largest event times seen are written back
+once, at the end.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 from service.errors import EventError
 from service.stream.counters import Counts, LabelCap
-from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.guard import timestamp_refusal
-from service.stream.hashes import hashed_queries
 from service.stream.join import PartitionStream
 from service.stream.join_state import HEAD, HEADER, WIDE, Held, OpenWindow
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
-from service.stream.topics import FEEDBACK, QUERIES, TOPICS, Topic
-
-Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
-"""A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
-
-
-class Prepared(NamedTuple):
-    """What the join takes of a batch's events that does not depend on its state, in
-    columns: per query (in batch order) its chunk ids' hashes packed, and the positions
-    (among the queries) of those with a repeated id (``hashes.hashed_queries``); per
-    event its query id as bytes, and for feedback the hash of its chunk id and its grade
-    (0 for a query)."""
-
-    bodies: list[bytes]
-    repeats: set[int]
-    keys: list[bytes]
-    chunks: list[int]
-    levels: list[int]
-
-
-def prepare(
-    events: Sequence[QueryEvent | FeedbackEvent], grade: Callable[[FeedbackEvent], int]
-) -> Prepared:
-    """The :class:`Prepared` columns of a batch's events (``grade``: the label policy's)."""
-    bodies, repeats = hashed_queries([e.results for e in events if type(e) is not FeedbackEvent])  # type: ignore[union-attr]
-    feedback = [type(e) is FeedbackEvent for e in events]
-    return Prepared(
-        bodies,
-        repeats,
-        [e.query_id.encode() for e in events],
-        [hash(e.chunk_id) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[union-attr]
-        [grade(e) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[arg-type]
-    )
+from service.stream.prepared import Prepared, Record, prepare
+from service.stream.topics import FEEDBACK, QUERIES, TOPICS
 
 
 class _Limits(Protocol):

@@ -1,0 +1,45 @@
+"""What the join takes of a batch that does not depend on its state, made before the
+per-record loop: the :class:`Prepared` columns (one declaration, used by the join, by
+``replay``'s reader process, which makes them while the main process joins, and by the
+Kafka consumer through :meth:`Pipeline.take`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.hashes import hashed_queries
+from service.stream.topics import Topic
+
+Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
+"""A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
+
+
+class Prepared(NamedTuple):
+    """What the join takes of a batch's events that does not depend on its state, in
+    columns: per query (in batch order) its chunk ids' hashes packed, and the positions
+    (among the queries) of those with a repeated id (``hashes.hashed_queries``); per
+    event its query id as bytes, and for feedback the hash of its chunk id and its grade
+    (0 for a query)."""
+
+    bodies: list[bytes]
+    repeats: set[int]
+    keys: list[bytes]
+    chunks: list[int]
+    levels: list[int]
+
+
+def prepare(
+    events: Sequence[QueryEvent | FeedbackEvent], grade: Callable[[FeedbackEvent], int]
+) -> Prepared:
+    """The :class:`Prepared` columns of a batch's events (``grade``: the label policy's)."""
+    bodies, repeats = hashed_queries([e.results for e in events if type(e) is not FeedbackEvent])  # type: ignore[union-attr]
+    feedback = [type(e) is FeedbackEvent for e in events]
+    return Prepared(
+        bodies,
+        repeats,
+        [e.query_id.encode() for e in events],
+        [hash(e.chunk_id) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[union-attr]
+        [grade(e) if f else 0 for e, f in zip(events, feedback, strict=True)],  # type: ignore[arg-type]
+    )
