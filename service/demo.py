@@ -131,7 +131,7 @@ def feed(
                     pipeline.feedback(0, offsets[FEEDBACK], feedback)
                     offsets[FEEDBACK] += 1
                 upcoming = next(pending, None)
-            pipeline.published(pipeline.advance())
+            pipeline.deliver(pipeline.advance())
             state.health.last_poll_ms = state.wall_ms()
         state.beat()
         stop.wait(0.05)

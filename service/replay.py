@@ -164,7 +164,7 @@ def replay(
     def emit(windows: list[ClosedWindow]) -> None:
         if windows:
             on_windows(windows)
-            pipeline.published(windows)
+            pipeline.deliver(windows)
             report.windows += len(windows)
 
     decode: Callable[[bytes], QueryLine | FeedbackLine | Topic] = decode_line

@@ -44,7 +44,7 @@ from service.broker.failpoints import failpoint
 from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
 from service.broker.publisher import CommitError, Publisher
 from service.state import ServiceState
-from service.stream.offsets import commit_plan, restart_from
+from service.stream.offsets import restart_from
 from service.stream.topics import TOPICS, Topic
 from service.stream.windows import ClosedWindow
 
@@ -57,7 +57,7 @@ COMMITTED_WAIT_MS = 30_000
 is retried later (one budget for all of them, not one each)."""
 
 
-class Consumer(Protocol):
+class GroupConsumer(Protocol):
     """What the protocol needs of the consumer (kafka-python's ``KafkaConsumer``)."""
 
     def group_metadata(self) -> Any:
@@ -86,7 +86,7 @@ class CommitProtocol:
         self,
         state: ServiceState,
         publisher: Publisher,
-        consumer: Consumer,
+        consumer: GroupConsumer,
         topics: tuple[str, str],
         hanging: HangingOffsets | None = None,
     ) -> None:
@@ -150,7 +150,7 @@ class CommitProtocol:
                 return
             self._needs_rebuild = False
         with self.lock:
-            dropped = set(self.pipeline.streams)
+            dropped = set(self.pipeline.partitions())
             self._remember_counted(dropped)
             for p in dropped:
                 self.pipeline.revoke(p)
@@ -208,6 +208,27 @@ class CommitProtocol:
 
     # -- rebalance callbacks (kafka-python's IO thread) ------------------------------------------
 
+    async def assigned(self, assigned: Iterable[Any]) -> None:
+        """The rebalance assigned these topic partitions: fetch their committed offsets
+        and take them over (or, if the fetch fails, let the loop take them over later)."""
+        tps = set(assigned)
+        try:
+            committed = await compat.committed_in_callback(self.consumer, tps, COMMITTED_WAIT_MS)
+        except KafkaError as error:  # e.g. offsets of a transaction still pending
+            self.take_over_later({tp.partition for tp in tps}, error)
+            return
+        self.take_over(tps, committed)
+
+    async def revoked(self, revoked: Iterable[Any]) -> None:
+        """The rebalance revokes these topic partitions: hand them over, and in
+        at-least-once mode commit what is left through the coordinator's async API."""
+        offsets = self.hand_over({tp.partition for tp in revoked})
+        if offsets:
+            try:
+                await compat.commit_in_callback(self.consumer, offsets)
+            except KafkaError as error:  # the new owner re-reads from the older commit
+                log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
+
     def take_over(self, assigned: set[Any], committed: Mapping[Any, Any]) -> None:
         """Start newly assigned partitions from their committed offsets and markers."""
         partitions = {tp.partition for tp in assigned}
@@ -216,28 +237,18 @@ class CommitProtocol:
             log.error("assignment is not co-partitioned: %s", sorted(map(str, assigned)))
         with self.lock:
             for p in sorted(partitions):
-                if p in self.pipeline.streams:
+                if self.pipeline.owns(p):
                     continue
                 tps = [TopicPartition(t, p) for t in self.topics]
                 meta = [committed.get(tp) for tp in tps]
                 restart = restart_from(*(m.metadata if m is not None else None for m in meta))
-                self.pipeline.assign(
-                    p,
-                    restart.published_through_ms,
-                    restart.counted_from,
-                    restart.waiting_offsets,
-                    restart.closed_through_ms,
-                )
-                counted = self.counted.pop(p, None)
-                if counted is not None:  # dead letters of an aborted transaction go again
-                    stream = self.pipeline.streams[p]
-                    merged = zip(counted, stream.counted_from, strict=True)
-                    stream.counted_from = [max(a, b) for a, b in merged]
+                # (with what an earlier life of this process counted, if it dropped the
+                # partition uncommitted: dead letters of an aborted transaction go again)
+                self.pipeline.take_over(p, restart, self.counted.pop(p, None))
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.
                 started = self.started[p] = {}
-                watermark = self.pipeline.streams[p].watermark
                 for topic, tp, m in zip(TOPICS, tps, meta, strict=True):
                     if m is None or m.offset is None or m.offset < 0:
                         compat.seek_afresh(self.consumer, tp, None)
@@ -245,8 +256,7 @@ class CommitProtocol:
                     else:
                         compat.seek_afresh(self.consumer, tp, m.offset)
                         started[topic] = m.offset
-                    watermark.set_backlog(topic, True)  # never idle before the lag is known
-            self.state.health.assigned = len(self.pipeline.streams)
+            self.state.health.assigned = len(self.pipeline.partitions())
         log.info("assigned partitions %s", sorted(partitions))
 
     def take_over_later(self, partitions: set[int], error: Exception) -> None:
@@ -288,7 +298,7 @@ class CommitProtocol:
                     self.unconfirmed = []
                 for p in partitions:
                     self.pipeline.revoke(p)
-                self.state.health.assigned = len(self.pipeline.streams)
+                self.state.health.assigned = len(self.pipeline.partitions())
             log.info("revoked partitions %s", sorted(partitions))
         return left
 
@@ -305,8 +315,8 @@ class CommitProtocol:
                 self._remember_counted(partitions)
                 for p in partitions:
                     self.pipeline.revoke(p)
-                self.state.health.assigned = len(self.pipeline.streams)
-                remaining = bool(self.pipeline.streams)
+                self.state.health.assigned = len(self.pipeline.partitions())
+                remaining = bool(self.pipeline.partitions())
         if self.publisher.transactional and remaining:
             self._rebuild_later()
         log.warning("lost partitions %s; their state was dropped", sorted(partitions))
@@ -317,16 +327,16 @@ class CommitProtocol:
         """Send closed windows and move the markers (under both locks)."""
         if windows:
             self.publisher.windows(windows, self.pipeline.metric_keys)
-            self.pipeline.mark_published(windows)
+            self.pipeline.mark_sent(windows)
             self.unconfirmed.extend(windows)
 
     def _offsets(self) -> dict[Any, OffsetAndMetadata]:
         """The offsets and markers of every partition, after closed windows were sent."""
-        out = {}
-        for p, stream in self.pipeline.streams.items():
-            for topic, (offset, metadata) in commit_plan(stream, self.started.get(p)).items():
-                out[TopicPartition(self.topics[topic], p)] = OffsetAndMetadata(offset, metadata, -1)
-        return out
+        return {
+            TopicPartition(self.topics[topic], p): OffsetAndMetadata(offset, metadata, -1)
+            for p, plan in self.pipeline.commit_plans(self.started).items()
+            for topic, (offset, metadata) in plan.items()
+        }
 
     def _commit(self, offsets: Mapping[Any, Any]) -> None:
         if self.unconfirmed:  # only commits that carry windows are crash points
@@ -351,7 +361,7 @@ class CommitProtocol:
 
     def _confirm(self) -> None:
         """The sent windows are durable: count them (under the state lock)."""
-        self.pipeline.confirm_published(self.unconfirmed)
+        self.pipeline.confirm(self.unconfirmed)
         self.unconfirmed = []
 
     def _rebuild_later(self) -> None:
@@ -361,8 +371,7 @@ class CommitProtocol:
     def _remember_counted(self, partitions: Iterable[int]) -> None:
         """Before dropping partitions uncommitted: what this process counted already."""
         for p in partitions:
-            s = self.pipeline.streams.get(p)
-            if s is not None:
-                marks = [s.counted_through(t) for t in TOPICS]
+            marks = self.pipeline.counted_through(p)
+            if marks is not None:
                 old = self.counted.get(p, marks)
                 self.counted[p] = [max(a, b) for a, b in zip(marks, old, strict=True)]

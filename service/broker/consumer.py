@@ -26,7 +26,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, KafkaTimeoutError, RetriableError
 
 from service.broker import compat, waits
-from service.broker.commits import COMMITTED_WAIT_MS, CommitProtocol
+from service.broker.commits import CommitProtocol
 from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
 from service.config import Settings
@@ -70,28 +70,16 @@ def check_copartitioned(queries: int | None, feedback: int | None, settings: Set
 
 
 class _Listener(AsyncConsumerRebalanceListener):  # type: ignore[misc]
-    """Rebalance callbacks (kafka-python's IO thread), handed to the commit protocol."""
+    """Rebalance callbacks (kafka-python's IO thread): each is the commit protocol's."""
 
-    def __init__(self, consumer: KafkaConsumer, commits: CommitProtocol) -> None:
-        self.consumer = consumer
+    def __init__(self, commits: CommitProtocol) -> None:
         self.commits = commits
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        offsets = self.commits.hand_over({tp.partition for tp in revoked})
-        if offsets:  # at-least-once mode: commit through the coordinator's async API
-            try:
-                await compat.commit_in_callback(self.consumer, offsets)
-            except KafkaError as error:  # the new owner re-reads from the older commit
-                log.warning("commit on revoke failed (%s); the next owner re-reads more", error)
+        await self.commits.revoked(revoked)
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        tps = set(assigned)
-        try:
-            committed = await compat.committed_in_callback(self.consumer, tps, COMMITTED_WAIT_MS)
-        except KafkaError as error:  # e.g. offsets of a transaction still pending
-            self.commits.take_over_later({tp.partition for tp in tps}, error)
-            return
-        self.commits.take_over(tps, committed)
+        await self.commits.assigned(assigned)
 
     async def on_partitions_lost(self, lost: Any) -> None:
         self.commits.drop({tp.partition for tp in lost})
@@ -181,7 +169,7 @@ class KafkaEdge:
             self.settings,
         )
         log.info("topics %s and %s have %d partitions each", *self.topics, n)
-        self.consumer.subscribe(list(self.topics), listener=_Listener(self.consumer, self.commits))
+        self.consumer.subscribe(list(self.topics), listener=_Listener(self.commits))
         return n
 
     # -- the loop ------------------------------------------------------------------------
@@ -300,11 +288,11 @@ class KafkaEdge:
         pause, resume = [], []
         with self.lock:
             lag = self.state.health.lag
-            for p, stream in self.pipeline.streams.items():
-                wm = stream.watermark
+            for p in self.pipeline.partitions():
+                latest = self.pipeline.latest_event_ms(p)
                 for topic, other in ((QUERIES, FEEDBACK), (FEEDBACK, QUERIES)):
                     key = (self.topics[topic], p)
-                    mine, theirs = wm.max_ts(topic), wm.max_ts(other)
+                    mine, theirs = latest[topic], latest[other]
                     # before both have been read, the first fetch of the other is due
                     ahead = 0 if NEVER in (mine, theirs) else mine - theirs
                     behind = lag.get((self.topics[other], p), 1) > 0  # unknown: behind
@@ -360,11 +348,9 @@ class KafkaEdge:
         with self.lock:
             self.state.health.lag = lag
             for topic, partition in [*lag, *unknown]:
-                stream = self.pipeline.streams.get(partition)
-                if stream is not None:
-                    kind = QUERIES if topic == self.topics[0] else FEEDBACK
-                    behind = (topic, partition) in unknown or lag[topic, partition] > 0
-                    stream.watermark.set_backlog(kind, behind)
+                kind = QUERIES if topic == self.topics[0] else FEEDBACK
+                behind = (topic, partition) in unknown or lag[topic, partition] > 0
+                self.pipeline.set_backlog(partition, kind, behind)
 
 
 UNFETCHED_WARN_MS = 60_000

@@ -91,7 +91,7 @@ class Transport(Protocol):
         """Flush and close."""
 
 
-class Consumer(Protocol):
+class Committer(Protocol):
     """What committing needs of the consumer."""
 
     def group_metadata(self) -> Any:
@@ -234,7 +234,7 @@ class Publisher(ABC):
                     self._send(labels, str(query["query_id"]).encode(), orjson.dumps(query), [])
 
     @abstractmethod
-    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
+    def commit(self, offsets: Offsets, consumer: Committer) -> None:
         """Make everything sent so far durable together with ``offsets``.
 
         Raises CommitError or KafkaError; the caller then decides from
@@ -242,7 +242,7 @@ class Publisher(ABC):
         """
 
     @abstractmethod
-    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+    def commit_on_revoke(self, offsets: Offsets, consumer: Committer) -> Offsets:
         """:meth:`commit` from a rebalance callback; returns offsets still to commit there."""
 
     @abstractmethod
@@ -263,13 +263,13 @@ class AtLeastOncePublisher(Publisher):
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
         self.transport.send(topic, key, value, headers)
 
-    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
+    def commit(self, offsets: Offsets, consumer: Committer) -> None:
         """Flush, then commit the offsets synchronously."""
         self.transport.flush()
         if offsets:
             consumer.commit(offsets)
 
-    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+    def commit_on_revoke(self, offsets: Offsets, consumer: Committer) -> Offsets:
         """Flush; the offsets go back to the callback (the consumer cannot commit there)."""
         self.transport.flush()
         return offsets
@@ -308,7 +308,7 @@ class TransactionalPublisher(Publisher):
             self._unanswered = True
             raise
 
-    def commit(self, offsets: Offsets, consumer: Consumer) -> None:
+    def commit(self, offsets: Offsets, consumer: Committer) -> None:
         """One atomic commit of the open transaction with ``offsets``."""
         if offsets:
             self._begin()
@@ -318,7 +318,7 @@ class TransactionalPublisher(Publisher):
             self._bounded(self.transport.commit)
             self._open = False
 
-    def commit_on_revoke(self, offsets: Offsets, consumer: Consumer) -> Offsets:
+    def commit_on_revoke(self, offsets: Offsets, consumer: Committer) -> Offsets:
         """Commit here, in the callback: nothing is left for the consumer to commit."""
         self.commit(offsets, consumer)
         return {}

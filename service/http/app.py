@@ -59,7 +59,7 @@ class RollingResponse(BaseModel):
     slices: list[SliceView]
 
 
-class WindowView(SliceView):
+class WindowItem(SliceView):
     """A closed window merged over partitions."""
 
     window_start: str
@@ -69,7 +69,7 @@ class WindowView(SliceView):
 class WindowsResponse(BaseModel):
     """``GET /api/v1/windows``."""
 
-    windows: list[WindowView]
+    windows: list[WindowItem]
 
 
 def _value(moments: Moments) -> MetricValue:
@@ -227,7 +227,7 @@ def create_app(state: ServiceState) -> FastAPI:
             keys = pipeline.metric_keys
             size = pipeline.config.join.window_ms
             out = [
-                WindowView(
+                WindowItem(
                     window_start=rfc3339(start),
                     window_end=rfc3339(start + size),
                     **_slice(r, s, totals, keys).model_dump(),

@@ -357,7 +357,8 @@ class PipelineCollector(Collector):
         # the global view speaks once it has a boundary, on every replica alike; a local
         # one (a single process's own windows) only while it owns partitions
         view = self.state.view
-        speaks = view.boundary_ms is not None if view.is_global else bool(self.pipeline.streams)
+        owns = bool(self.pipeline.partitions())
+        speaks = view.boundary_ms is not None if view.is_global else owns
         rows = self.detector.snapshot() if speaks else []
         for key, is_open, comparison in rows:
             values = list(key)

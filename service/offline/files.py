@@ -39,7 +39,7 @@ ChunkId = Annotated[str, StringConstraints(min_length=1, max_length=500, strict=
 NonNegativeInt = Annotated[int, PydanticField(ge=0, strict=True)]
 
 
-class ScoredResult(BaseModel):
+class ScoredChunk(BaseModel):
     """A result given as an object, as in query events; the rank is the position."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -48,7 +48,7 @@ class ScoredResult(BaseModel):
     score: float | None = None
 
 
-_UNION_TAGS = frozenset({"constrained-str", "str", "ScoredResult"})
+_UNION_TAGS = frozenset({"constrained-str", "str", "ScoredChunk"})
 
 
 def field_path(loc: tuple[int | str, ...]) -> str:
@@ -91,7 +91,7 @@ class RunLine(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     query_id: LooseQueryId
-    results: list[ChunkId | ScoredResult]
+    results: list[ChunkId | ScoredChunk]
     context_k: NonNegativeInt | None = None
 
 

@@ -1,5 +1,5 @@
 """A query's chunk ids as the join keeps them: 64-bit hashes, packed as native int64
-after the pending query's header (``join_state.HEADER``).
+after the pending query's header (``join.HEADER``).
 
 :func:`hashed_queries` hashes the chunk ids of a whole batch of queries at once: one
 ``hash`` over all the ids, the repeat check as a row sort in numpy, and each query's
@@ -19,7 +19,6 @@ from typing import TypeVar
 import numpy as np
 
 from service.stream.events import ScoredResult
-from service.stream.join_state import HEADER
 
 Results = Sequence[str | ScoredResult]
 """A query's results as decoded: chunk ids, or objects that name one."""
@@ -105,9 +104,3 @@ def _repeats(hashes: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> set
         ordered = np.sort(block, axis=1)
         found.update(rows[(ordered[:, 1:] == ordered[:, :-1]).any(axis=1)].tolist())
     return found
-
-
-def packed_query(head: int, context_k: int, body: bytes) -> bytes:
-    """A pending query as the join keeps it: ``HEADER`` (its first word, ``context_k``),
-    then ``body``, its hashes packed by :func:`hashed_queries`."""
-    return HEADER.pack(head, context_k) + body

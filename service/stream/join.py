@@ -17,28 +17,55 @@ equality of ids within one query; a collision needs two ids of the same query to
 64 hash bits): 205 bytes with 20 results, in pymalloc's 208-byte class. Its grades,
 once feedback came, are in ``labels``; its offset in its window. Offsets are tracked
 so that the caller can commit the lowest offset still needed (see ``commit_offsets``).
+
+Everything that acts on this state is here: :meth:`PartitionStream.take`, the per-record
+loop, has the usual path of a query (accepted into an open window) and of a feedback
+event (joined to its pending query) written out with the settings and the state in local
+variables; what does not depend on the join (ids as bytes, hashes, grades:
+:mod:`service.stream.prepared`) is made for the whole batch first, or by the caller
+(``replay``'s reader process makes it while the main process joins); the rest (a
+refusal, a new window, a re-read of a published window, feedback that waits for its
+query, the label caps past their first values, the recorder, the evictions) is a call.
+The labelling rule (:meth:`PartitionStream._attach`) is one method, whichever came first.
+The watermark does not move within a batch (only :meth:`PartitionStream.advance` moves
+it), and the largest event times seen are written back once, at the end of a batch.
 """
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Sequence
 
-from service.stream.counters import Counts
+from service.errors import EventError
+from service.stream.guard import timestamp_refusal
 from service.stream.join_state import (
-    HEAD,
-    HEADER,
-    WIDE,
-    Held,
+    Intake,
     JoinConfig,
     OpenWindow,
     Orphan,
     QueryId,
     WindowKey,
 )
-from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.prepared import Prepared, Record, prepare
+from service.stream.topics import FEEDBACK, QUERIES, TOPICS, Topic
 from service.stream.watermark import NEVER, PartitionWatermark
+
+HEAD = struct.Struct("=q")
+"""A pending query's first word: window serial * window_ms + ms since the window's start."""
+HEADER = struct.Struct("=qi")
+"""The first word, then ``context_k`` (-1: none logged; WIDE: kept aside), 12 bytes."""
+WIDE = -2
+"""``context_k`` beyond 32 bits: the value is in ``PartitionStream.wide_context_k``."""
+RANKING_START = HEADER.size
+"""Where the chunk hashes of a ranking that :meth:`PartitionStream.close` returns begin."""
+
+
+def packed_query(head: int, context_k: int, body: bytes) -> bytes:
+    """A pending query as the join keeps it: ``HEADER`` (its first word, ``context_k``),
+    then ``body``, its hashes packed by :func:`~service.stream.hashes.hashed_queries`."""
+    return HEADER.pack(head, context_k) + body
 
 
 class PartitionStream:
@@ -48,21 +75,21 @@ class PartitionStream:
         self,
         partition: int,
         config: JoinConfig,
-        counts: Counts,
-        now_ms: Callable[[], int],
+        intake: Intake,
         published_through_ms: int = NEVER,
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
         closed_through_ms: int = NEVER,
-        held: Held | None = None,
     ) -> None:
         self.partition = partition
-        self.held = held if held is not None else Held()
+        self.intake = intake
+        """What the partitions of the process share (counters, totals, caps, limits)."""
+        self.held = intake.held
         """The process-wide totals this partition adds to."""
         self.config = config
-        self.counts = counts
+        self.counts = intake.counts
         self.watermark = PartitionWatermark(
-            config.max_out_of_orderness_ms, config.idle_timeout_ms, now_ms
+            config.max_out_of_orderness_ms, config.idle_timeout_ms, intake.now_ms
         )
         self.published_through_ms = published_through_ms
         self.closed_through_ms = closed_through_ms
@@ -106,10 +133,167 @@ class PartitionStream:
             self.next_offset[topic] = offset + 1
         self.watermark.last_seen[topic] = now_ms
 
-    # The join of a batch's records is written out in ``take.take_batch`` (it runs per
-    # record); what it does only now and then is here.
+    def is_new(self, topic: Topic, offset: int) -> bool:
+        """False for a record that an earlier owner of the partition already handled."""
+        return offset >= self.dead_letter_from[topic]
 
-    def published_query(self, query_id: QueryId, start: int, count: bool) -> None:
+    def count_from(self, counted: Sequence[int]) -> None:
+        """This process counted the records below ``counted`` (per topic) in an earlier
+        life of the partition: re-reading them counts nothing again."""
+        self.counted_from = [max(a, b) for a, b in zip(counted, self.counted_from, strict=True)]
+
+    # -- the join ------------------------------------------------------------------------
+
+    def take(  # noqa: PLR0915 - written out: it runs per record
+        self, batch: Sequence[Record], prepared: Prepared | None = None
+    ) -> list[tuple[int, EventError]]:
+        """Take valid events of this partition in order; return ``(position in batch, error)``
+        for those the timestamp guard rejects (counted unless re-read). ``prepared``: the
+        batch's :func:`~service.stream.prepared.prepare` columns when the caller has them,
+        else they are made here (the events are then whole events; with them, events need
+        only the fields the join reads)."""
+        intake = self.intake
+        now_ms = intake.now_ms()
+        counts, held, recorder = intake.counts, intake.held, intake.recorder
+        skew = intake.max_future_skew_ms
+        max_queries, max_feedback = intake.max_pending_queries, intake.max_pending_feedback
+        retriever_cap, segment_cap = intake.retriever_cap, intake.segment_cap
+        retrievers, segments = retriever_cap.values, segment_cap.values
+        late, duplicates, queries_counted = counts.late, counts.duplicates, counts.queries
+        unmatched, first_seen = counts.unmatched, counts.first_seen_ms
+        join = self.config
+        window_ms, attribution_ms = join.window_ms, join.attribution_ms
+        pending, orphans = self.pending, self.orphans
+        windows, by_serial = self.windows, self.by_serial
+        published_through_ms = self.published_through_ms
+        attach = self._attach
+        watermark = self.watermark
+        wm = watermark.value  # (fixed within a batch)
+        latest_query, latest_feedback = watermark.latest
+        head_of, pack = HEAD.unpack_from, HEADER.pack
+        counted_from = self.counted_from
+        failures: list[tuple[int, EventError]] = []
+        # each topic's offsets: the events counted, the offsets read through and whether every
+        # record is new (so that the loop need not ask; a re-read is counted only past
+        # ``counted_from``)
+        offsets_of = (
+            [r[1] for r in batch if r[0] == QUERIES],
+            [r[1] for r in batch if r[0] != QUERIES],
+        )
+        fresh = all(
+            not offsets or min(offsets) >= counted_from[topic]
+            for topic, offsets in zip(TOPICS, offsets_of, strict=True)
+        )
+        limit_ms = now_ms + skew  # (the timestamp guard's latest time)
+        # the columns of every event at once (the refused ones' too: they are rare)
+        if prepared is None:
+            prepared = prepare([r[2] for r in batch], intake.grade)
+        bodies, repeats, keys, chunks, levels = prepared
+        query = -1  # position among the batch's queries
+        added: dict[OpenWindow, int] = {}  # queries counted, per window
+        for index, (topic, offset, event) in enumerate(batch):
+            count = fresh or offset >= counted_from[topic]  # (not counted again when re-read)
+            ts_ms = event.timestamp_ms
+            if ts_ms < 0 or ts_ms > limit_ms:
+                error = timestamp_refusal(ts_ms, now_ms, skew)
+                if error is not None:
+                    if count:
+                        counts.invalid[topic, error.reason] += 1
+                    failures.append((index, error))
+                    query += topic == QUERIES
+                    continue
+            if topic == QUERIES:
+                query += 1
+                if count and repeats and query in repeats:
+                    counts.duplicate_results += 1
+                retriever = event.retriever  # type: ignore[union-attr]
+                if retriever not in retrievers:
+                    retriever = retriever_cap(retriever)
+                segment = event.segment  # type: ignore[union-attr]
+                if segment not in segments:
+                    segment = segment_cap(segment)
+                query_id = keys[index]
+                start = ts_ms - ts_ms % window_ms
+                if start + window_ms <= published_through_ms:
+                    self._query_of_published_window(query_id, start, count)
+                    continue
+                if ts_ms > latest_query:  # noqa: PLR1730 - no call: it runs per record
+                    latest_query = ts_ms
+                if wm > ts_ms + attribution_ms:
+                    if count:
+                        late[QUERIES] += 1
+                    continue
+                if query_id in pending:
+                    if count:
+                        duplicates[QUERIES] += 1
+                    continue
+                window = windows.get((retriever, segment, start))
+                if window is None:
+                    window = self._open_window((retriever, segment, start), offset)
+                window.query_ids.append(query_id)
+                try:
+                    window.offsets.append(offset - window.offset_base)
+                except OverflowError:  # 32 bits no longer hold it
+                    self._widen_offsets(window, offset)
+                context_k = event.context_k  # type: ignore[union-attr]
+                if context_k is None:
+                    context_k = -1
+                elif context_k > 0x7FFFFFFF:
+                    self.wide_context_k[query_id] = context_k
+                    context_k = WIDE
+                head = window.serial * window_ms + ts_ms - start
+                pending[query_id] = pack(head, context_k) + bodies[query]
+                held.queries += 1
+                if count:  # (per window here, per label pair below: a Counter costs 4 times this)
+                    added[window] = added.get(window, 0) + 1
+                if query_id in orphans:
+                    self._claim_waiting(query_id, window, ts_ms)
+                if recorder is not None:
+                    text = getattr(event, "query_text", None)
+                    recorder.query(query_id, ts_ms, event.chunk_ids(), text)  # type: ignore[union-attr]
+                first = first_seen.get(retriever)
+                if first is None or ts_ms < first:
+                    first_seen[retriever] = ts_ms
+                if held.queries > max_queries:  # all partitions
+                    intake.evict_queries()
+            else:
+                query_id, chunk, level = keys[index], chunks[index], levels[index]
+                if ts_ms > latest_feedback:  # noqa: PLR1730 - no call: it runs per record
+                    latest_feedback = ts_ms
+                packed = pending.get(query_id)
+                if packed is None:
+                    self._feedback_without_query(offset, count, query_id, ts_ms, chunk, level)
+                else:
+                    serial, since = divmod(head_of(packed)[0], window_ms)
+                    window = by_serial[serial]
+                    query_ts = window.start + since
+                    if wm > query_ts + attribution_ms:
+                        if count:
+                            late[FEEDBACK] += 1
+                    elif count:
+                        if not attach(query_id, window, query_ts, ts_ms, chunk, level, offset):
+                            unmatched["outside_window"] += 1
+                    else:
+                        attach(query_id, window, query_ts, ts_ms, chunk, level, offset)
+                if recorder is not None:
+                    recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)  # type: ignore[union-attr]
+                if held.feedback > max_feedback:
+                    intake.evict_feedback()
+        watermark.latest[QUERIES], watermark.latest[FEEDBACK] = latest_query, latest_feedback
+        for window, n in added.items():
+            queries_counted[window.retriever, window.segment] += n
+        for topic, offsets in zip(TOPICS, offsets_of, strict=True):
+            if offsets:
+                self.read_through(topic, max(offsets), now_ms)
+                start_at = counted_from[topic]
+                counted = len(offsets) if fresh else sum(offset >= start_at for offset in offsets)
+                if counted:
+                    counts.events[topic] += counted
+        return failures
+
+    # What the loop does only now and then:
+
+    def _query_of_published_window(self, query_id: QueryId, start: int, count: bool) -> None:
         """A query of a window already published: late, or when re-read (not counted) a
         final query whose re-read feedback is then known for what it is."""
         cfg = self.config
@@ -123,7 +307,7 @@ class PartitionStream:
             self.n_orphans -= len(waiting)
             self.held.feedback -= len(waiting)
 
-    def open_window(self, key: WindowKey, offset: int) -> OpenWindow:
+    def _open_window(self, key: WindowKey, offset: int) -> OpenWindow:
         """A new open window, its first query at ``offset``."""
         serial = self._next_serial
         self._next_serial += 1
@@ -132,12 +316,12 @@ class PartitionStream:
         return window
 
     @staticmethod
-    def widen_offsets(window: OpenWindow, offset: int) -> None:
+    def _widen_offsets(window: OpenWindow, offset: int) -> None:
         """Note a query offset that 32 bits no longer hold: the window's offsets widen."""
         window.offsets = array("q", window.offsets)
         window.offsets.append(offset - window.offset_base)
 
-    def claim_waiting(self, query_id: QueryId, window: OpenWindow, ts_ms: int) -> None:
+    def _claim_waiting(self, query_id: QueryId, window: OpenWindow, ts_ms: int) -> None:
         """A query arrived: the feedback that waited for it is joined now."""
         waiting = self.orphans.pop(query_id)
         self.n_orphans -= len(waiting)
@@ -147,7 +331,7 @@ class PartitionStream:
             if not applied and unclassified:
                 self.counts.unmatched["outside_window"] += 1
 
-    def unjoined_feedback(
+    def _feedback_without_query(
         self, offset: int, count: bool, query_id: QueryId, ts_ms: int, chunk: int, grade: int
     ) -> None:
         """Feedback whose query is not pending: late (its query was finalised), unmatched
@@ -180,6 +364,11 @@ class PartitionStream:
         grade: int,
         offset: int,
     ) -> bool:
+        """The labelling rule, for feedback that found its query pending and feedback that
+        waited for it alike: feedback within ``[query_ts - clock_skew, query_ts +
+        attribution]`` raises its chunk's grade to its own (a grade is a maximum, so
+        duplicates are harmless) and lowers the window's lowest feedback offset (needed
+        to rebuild it); return whether it was within those bounds."""
         cfg = self.config
         if not query_ts - cfg.clock_skew_ms <= ts_ms <= query_ts + cfg.attribution_ms:
             return False
@@ -188,7 +377,7 @@ class PartitionStream:
             labels = self.labels[query_id] = {}
         if grade > labels.get(chunk, -1):
             labels[chunk] = grade
-        if offset < window.min_fb_offset:  # noqa: PLR1730 - no call: it runs per record
+        if offset < window.min_fb_offset:  # noqa: PLR1730 - it runs per record
             window.min_fb_offset = offset
         return True
 
@@ -200,6 +389,31 @@ class PartitionStream:
         )
 
     # -- time ----------------------------------------------------------------------------
+
+    def advance(self) -> list[WindowKey]:
+        """Move the watermark, forget what no query can claim any more, and return the
+        windows that can close now (:meth:`closable`)."""
+        self.watermark.update()
+        self.expire()
+        return self.closable()
+
+    def end_of_input(self, horizon_ms: int) -> None:
+        """No more records will come (replay): the watermark moves ``horizon_ms`` past the
+        last event time, so that the next advance finalises everything pending."""
+        self.watermark.finish(horizon_ms)
+
+    @property
+    def watermark_ms(self) -> int:
+        """The partition's watermark (``NEVER`` before any event time)."""
+        return self.watermark.value
+
+    def latest_event_ms(self, topic: Topic) -> int:
+        """The largest event time seen on ``topic`` (``NEVER`` before the first)."""
+        return self.watermark.max_ts(topic)
+
+    def set_backlog(self, topic: Topic, behind: bool) -> None:
+        """Whether ``topic``'s partition still has unread records (then it is never idle)."""
+        self.watermark.set_backlog(topic, behind)
 
     def closable(self) -> list[WindowKey]:
         """Windows whose every query the watermark has finalised, oldest first.
@@ -251,8 +465,8 @@ class PartitionStream:
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
         return rankings, grades, context_ks, held
 
-    def mark_published(self, end_ms: int) -> None:
-        """Windows of this partition ending at or before ``end_ms`` are published."""
+    def mark_sent(self, end_ms: int) -> None:
+        """Windows of this partition ending at or before ``end_ms`` were sent (published)."""
         self.published_through_ms = max(self.published_through_ms, end_ms)
 
     def expire(self) -> None:
@@ -276,6 +490,34 @@ class PartitionStream:
                 self._recent.pop(query_id, None)
 
     # -- caps ----------------------------------------------------------------------------
+
+    @property
+    def pending_count(self) -> int:
+        """Pending queries of this partition."""
+        return len(self.pending)
+
+    def release(self) -> None:
+        """The partition is dropped: what it held no longer counts in the process's totals."""
+        self.held.queries -= len(self.pending)
+        self.held.feedback -= self.n_orphans
+
+    def evict_oldest_query(self) -> bool:
+        """Evict the oldest pending query (counted unless an earlier owner counted it);
+        return False when there was none."""
+        offset = self.evict_query()
+        if offset < 0:
+            return False
+        if offset >= self.counted_from[QUERIES]:
+            self.counts.evicted["query"] += 1
+        return True
+
+    def evict_oldest_feedback(self) -> bool:
+        """Evict the oldest waiting feedback of one query (counted unless an earlier owner
+        counted it); return False when none was waiting."""
+        dropped = self.evict_feedback()
+        counted_from = self.counted_from[FEEDBACK]
+        self.counts.evicted["feedback"] += sum(1 for o in dropped if o.offset >= counted_from)
+        return bool(dropped)
 
     def evict_query(self) -> int:
         """Drop the oldest pending query (from the oldest open window); return its offset,

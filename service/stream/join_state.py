@@ -1,12 +1,19 @@
-"""The state the event-time join keeps per partition: its settings, its open windows,
-the waiting feedback, and the process-wide totals (see :mod:`service.stream.join`)."""
+"""The data the event-time join keeps (see :mod:`service.stream.join`, which alone acts
+on it): its settings, its open windows, the waiting feedback, and what the partitions of
+one process share (:class:`Intake`). The byte layout of a pending query lives with the
+join, in :mod:`service.stream.join`."""
 
 from __future__ import annotations
 
-import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from service.stream.counters import Counts, LabelCap
+    from service.stream.events import FeedbackEvent
+    from service.stream.mined import LabelRecorder
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,13 +29,6 @@ class JoinConfig:
 
 QueryId = bytes
 """A query id as UTF-8 bytes."""
-
-HEAD = struct.Struct("=q")
-"""A pending query's first word: window serial * window_ms + ms since the window's start."""
-HEADER = struct.Struct("=qi")
-"""The first word, then ``context_k`` (-1: none logged; WIDE: kept aside), 12 bytes."""
-WIDE = -2
-"""``context_k`` beyond 32 bits: the value is in ``PartitionStream.wide_context_k``."""
 
 
 class OpenWindow:
@@ -79,6 +79,30 @@ class Held:
         """Pending queries."""
         self.feedback = 0
         """Feedback events waiting for their query."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Intake:
+    """What every partition of one process shares as it takes records: the clock, the
+    counters, the totals held, the label caps, the recorder, the limits, and the
+    process-wide eviction (which picks the fullest partition). Made by the ``Pipeline``."""
+
+    now_ms: Callable[[], int]
+    counts: Counts
+    held: Held
+    retriever_cap: LabelCap
+    segment_cap: LabelCap
+    recorder: LabelRecorder | None
+    """Keeps what the labels output needs (None: that output is off)."""
+    max_future_skew_ms: int
+    max_pending_queries: int
+    max_pending_feedback: int
+    grade: Callable[[FeedbackEvent], int]
+    """The label policy's grade of a feedback event."""
+    evict_queries: Callable[[], None]
+    """Evict over all partitions while the pending queries are over their cap."""
+    evict_feedback: Callable[[], None]
+    """Evict over all partitions while the waiting feedback is over its cap."""
 
 
 class Orphan(NamedTuple):

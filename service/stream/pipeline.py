@@ -9,7 +9,7 @@ metric core, which is what makes streaming results equal the offline evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,13 +20,13 @@ from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
 from service.metrics.packed import judge_packed
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.join import PartitionStream
-from service.stream.join_state import HEADER, Held, JoinConfig, WindowKey
+from service.stream.join import RANKING_START, PartitionStream
+from service.stream.join_state import Held, Intake, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
+from service.stream.offsets import Restart, commit_plan
 from service.stream.prepared import Prepared, Record
-from service.stream.take import take_batch
-from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.topics import FEEDBACK, QUERIES, TOPICS, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
 from service.times import DAY_MS, HOUR_MS, MINUTE_MS
@@ -73,8 +73,30 @@ class Pipeline:
         self._confirmed: dict[WindowIdent, int] = {}
         """The windows confirmed lately (by ident), with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
-        self.recorder = recorder
+        self.intake = Intake(
+            now_ms=now_ms,
+            counts=self.counts,
+            held=self.held,
+            retriever_cap=self.retriever_cap,
+            segment_cap=self.segment_cap,
+            recorder=recorder,
+            max_future_skew_ms=config.max_future_skew_ms,
+            max_pending_queries=config.max_pending_queries,
+            max_pending_feedback=config.max_pending_feedback,
+            grade=config.labels.grade,
+            evict_queries=self.evict_queries,
+            evict_feedback=self.evict_feedback,
+        )
+        """What every partition shares as it takes records."""
+
+    @property
+    def recorder(self) -> LabelRecorder | None:
         """Keeps what the labels output needs (None: that output is off)."""
+        return self.intake.recorder
+
+    @recorder.setter
+    def recorder(self, recorder: LabelRecorder | None) -> None:
+        self.intake.recorder = recorder
 
     # -- assignment ----------------------------------------------------------------------
 
@@ -91,13 +113,11 @@ class Pipeline:
         stream = PartitionStream(
             partition,
             self.config.join,
-            self.counts,
-            self.now_ms,
+            self.intake,
             published_through_ms=published_through_ms,
             counted_from=counted_from,
             waiting_offsets=waiting_offsets,
             closed_through_ms=closed_through_ms,
-            held=self.held,
         )
         self.streams[partition] = stream  # (revoke above forgot the closed boundary)
         return stream
@@ -106,9 +126,31 @@ class Pipeline:
         """Drop a partition's state (after its closed windows were published and committed)."""
         stream = self.streams.pop(partition, None)
         if stream is not None:
-            self.held.queries -= len(stream.pending)
-            self.held.feedback -= stream.n_orphans
+            stream.release()
         self._closed_through_ms = None
+
+    def take_over(
+        self, partition: int, restart: Restart, counted: Sequence[int] | None = None
+    ) -> None:
+        """Start a partition that this process takes over from its restart point (the
+        markers of its last commit); ``counted``: the offsets (per topic) below which an
+        earlier life of this process counted its records, when it dropped the partition
+        without a commit. Neither topic is idle before its lag is known."""
+        stream = self.assign(
+            partition,
+            restart.published_through_ms,
+            restart.counted_from,
+            restart.waiting_offsets,
+            restart.closed_through_ms,
+        )
+        if counted is not None:  # dead letters of an aborted transaction go again
+            stream.count_from(counted)
+        for topic in TOPICS:
+            stream.set_backlog(topic, True)
+
+    def partitions(self) -> list[int]:
+        """The partitions assigned here."""
+        return list(self.streams)
 
     def owns(self, partition: int) -> bool:
         """Whether ``partition`` is assigned here (its records are taken)."""
@@ -138,15 +180,15 @@ class Pipeline:
         The work is per batch where it can be: one clock read (for the guard and the
         idleness of every record), settings and state in locals, the events counted and
         the offsets noted once per topic (``read_through``), what does not depend on the
-        join made for the whole batch (``take.prepare``, or ``prepared`` when the caller
-        has it); per record, the usual paths of the join are written out
-        (``take.take_batch``).
+        join made for the whole batch (``prepared.prepare``, or ``prepared`` when the
+        caller has it); per record, the usual paths of the join are written out
+        (``PartitionStream.take``).
         """
-        return take_batch(self, self.streams[partition], batch, prepared)
+        return self.streams[partition].take(batch, prepared)
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""
-        return offset >= self.streams[partition].dead_letter_from[topic]
+        return self.streams[partition].is_new(topic, offset)
 
     def ignored(self, partition: int, topic: Topic, offset: int) -> None:
         """Count a record that the input mapping skips (not an event)."""
@@ -168,20 +210,44 @@ class Pipeline:
         """
         while self.pending_queries > self.config.max_pending_queries:
             victim = max(self.streams.values(), key=_n_pending)
-            offset = victim.evict_query()
-            if offset < 0:
+            if not victim.evict_oldest_query():
                 return
-            if offset >= victim.counted_from[QUERIES]:
-                self.counts.evicted["query"] += 1
 
     def evict_feedback(self) -> None:
+        """Evict the oldest waiting feedback of the partition holding most while the total
+        is over the cap (counted once, as queries are)."""
         while self.pending_feedback > self.config.max_pending_feedback:
             victim = max(self.streams.values(), key=_n_orphans)
-            dropped = victim.evict_feedback()
-            if not dropped:
+            if not victim.evict_oldest_feedback():
                 return
-            counted_from = victim.counted_from[FEEDBACK]
-            self.counts.evicted["feedback"] += sum(1 for o in dropped if o.offset >= counted_from)
+
+    # -- the edge's view of the partitions -------------------------------------------------
+
+    def set_backlog(self, partition: int, topic: Topic, behind: bool) -> None:
+        """Whether ``topic``'s partition still has unread records (then it is never idle);
+        nothing for a partition not assigned here."""
+        stream = self.streams.get(partition)
+        if stream is not None:
+            stream.set_backlog(topic, behind)
+
+    def latest_event_ms(self, partition: int) -> tuple[int, int]:
+        """The largest event times seen on a partition, per topic (``NEVER`` before one)."""
+        stream = self.streams[partition]
+        return stream.latest_event_ms(QUERIES), stream.latest_event_ms(FEEDBACK)
+
+    def counted_through(self, partition: int) -> list[int] | None:
+        """Per topic, the offset below which every record of the partition was counted
+        here (None: not assigned)."""
+        stream = self.streams.get(partition)
+        return None if stream is None else [stream.counted_through(t) for t in TOPICS]
+
+    def commit_plans(
+        self, started: Mapping[int, Mapping[Topic, int]]
+    ) -> dict[int, dict[Topic, tuple[int, str]]]:
+        """Per assigned partition, what to commit: per topic the offset and its markers
+        (``offsets.commit_plan``); ``started``: the offsets each partition was taken over
+        from."""
+        return {p: commit_plan(stream, started.get(p)) for p, stream in self.streams.items()}
 
     # -- time ----------------------------------------------------------------------------
 
@@ -189,9 +255,7 @@ class Pipeline:
         """Move every watermark; finalise and return the windows that closed."""
         closing: list[tuple[PartitionStream, WindowKey]] = []
         for stream in self.streams.values():
-            stream.watermark.update()
-            stream.expire()
-            closing.extend((stream, key) for key in stream.closable())
+            closing.extend((stream, key) for key in stream.advance())
         # every window ending at or before this has closed in every assigned partition;
         # unknown while any partition has no event time yet (e.g. re-read after a rebuild)
         wm = self.watermark_ms
@@ -209,7 +273,7 @@ class Pipeline:
         """No more records will come: the next advance finalises everything pending."""
         join = self.config.join
         for stream in self.streams.values():
-            stream.watermark.finish(join.attribution_ms + join.window_ms)
+            stream.end_of_input(join.attribution_ms + join.window_ms)
 
     def finish(self) -> list[ClosedWindow]:
         """End of input: finalise everything pending (replay)."""
@@ -233,7 +297,7 @@ class Pipeline:
             context_ks += window_ks
             groups += [group] * len(packed)
         ks = self.config.ks
-        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=HEADER.size)
+        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
         values = compute_metrics(batch, ks)
         group_index = np.asarray(groups, dtype=np.int64)
         n = len(closing)
@@ -260,14 +324,14 @@ class Pipeline:
             )
         return out
 
-    def mark_published(self, windows: Iterable[ClosedWindow]) -> None:
+    def mark_sent(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows were sent: move each partition's published-through marker (for commits)."""
         for w in windows:
             stream = self.streams.get(w.partition)
             if stream is not None:
-                stream.mark_published(w.end_ms)
+                stream.mark_sent(w.end_ms)
 
-    def confirm_published(self, windows: Iterable[ClosedWindow]) -> None:
+    def confirm(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows are durable: fold them into the counters, summaries and rolling views.
 
         A window confirmed before (published again after a failed commit in at-least-once
@@ -295,11 +359,11 @@ class Pipeline:
         self._confirmed = {k: end for k, end in self._confirmed.items() if end >= horizon}
         self._confirmed_check = max(100_000, 2 * len(self._confirmed))
 
-    def published(self, windows: Iterable[ClosedWindow]) -> None:
-        """Windows are durably published (replay, demo): both steps at once."""
+    def deliver(self, windows: Iterable[ClosedWindow]) -> None:
+        """Windows are durable without a broker (replay, demo): sent and confirmed at once."""
         windows = list(windows)
-        self.mark_published(windows)
-        self.confirm_published(windows)
+        self.mark_sent(windows)
+        self.confirm(windows)
 
     # -- gauges --------------------------------------------------------------------------
 
@@ -316,14 +380,14 @@ class Pipeline:
     @property
     def watermark_ms(self) -> int | None:
         """The minimum watermark over assigned partitions (None before any event time)."""
-        values = [s.watermark.value for s in self.streams.values()]
+        values = [s.watermark_ms for s in self.streams.values()]
         if not values or min(values) == NEVER:
             return None
         return min(values)
 
 
 def _n_pending(stream: PartitionStream) -> int:
-    return len(stream.pending)
+    return stream.pending_count
 
 
 def _n_orphans(stream: PartitionStream) -> int:

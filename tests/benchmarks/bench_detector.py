@@ -195,10 +195,10 @@ def run_one(
         if i % 500 == 0:
             closed = pipeline.advance()
             windows += closed
-            pipeline.published(closed)
+            pipeline.deliver(closed)
     closed = pipeline.finish()
     windows += closed
-    pipeline.published(closed)
+    pipeline.deliver(closed)
     cfg = monitor.detector.config
     detector = [
         (r.opening.retriever, r.opening.segment, r.opening.metric, r.opened_ms, r.opening.kind)

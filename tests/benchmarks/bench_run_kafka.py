@@ -282,7 +282,7 @@ SERVICE_PARTS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("stream/pipeline.py", ("query", "feedback", "take", "ignored", "invalid", "is_new"), "join"),
     ("broker/consumer.py", ("_process", "work"), "join"),
     ("stream/pipeline.py", ("advance", "_finalise", "finish", "end_of_input"), "finalise"),
-    ("stream/pipeline.py", ("published", "confirm_published", "mark_published"), "windows in"),
+    ("stream/pipeline.py", ("deliver", "confirm", "mark_sent"), "windows in"),
     ("broker/follower.py", (), "follower"),
     ("broker/publisher.py", (), "publish"),
     ("broker/commits.py", (), "publish"),

@@ -28,8 +28,8 @@ def test_windows_confirmed_twice_reach_the_view_once() -> None:
     pipeline = monitor.pipeline
     pipeline.assign(0)
     old = _window(T0, 4)
-    pipeline.confirm_published([old])
-    pipeline.confirm_published([old, _window(T0 + W, 3)])  # published again, then a new one
+    pipeline.confirm([old])
+    pipeline.confirm([old, _window(T0 + W, 3)])  # published again, then a new one
     labelled = [t.labelled for _, _, _, t in monitor.view.closed.listing()]
     assert labelled == [4, 3]
     assert sum(pipeline.counts.finalized.values()) == 9  # 5 + 4 queries: each window once

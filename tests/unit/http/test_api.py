@@ -186,7 +186,7 @@ def test_no_data_is_no_sample_and_labels_are_capped() -> None:
             }
         )
         assert pipeline.query(0, i, event) is None
-    pipeline.published(pipeline.finish())
+    pipeline.deliver(pipeline.finish())
     client, _ = _client(monitor)
     samples = _samples(client.get("/metrics").text)
     retrievers = {

@@ -212,7 +212,7 @@ def test_a_window_confirmed_twice_counts_once(files: dict[str, Path]) -> None:
         dict(pipeline.counts.finalized),
         {k: c.n_candidate for k, c in monitor.detector.latest.items()},
     )
-    pipeline.confirm_published(windows[-40:])  # published again after a failed commit
+    pipeline.confirm(windows[-40:])  # published again after a failed commit
     monitor.detector.advance(monitor.detector.through_ms or 0)
     after = (
         pipeline.counts.windows_published,
@@ -236,11 +236,11 @@ def test_after_a_rebuild_no_boundary_is_tested_with_some_partitions_only(
         pipeline.revoke(p)
         pipeline.assign(p)
     _feed(pipeline, files["bad"], (0,))  # partition 0 is re-read first
-    pipeline.published(pipeline.advance())
+    pipeline.deliver(pipeline.advance())
     assert monitor.detector.through_ms is None  # partition 1 has no event time yet
     client = _client(monitor)
     _feed(pipeline, files["bad"], (1,))
-    pipeline.published(pipeline.advance())
+    pipeline.deliver(pipeline.advance())
     assert monitor.detector.through_ms is not None
     assert "retrieval_regression{" in client.get("/metrics").text
     pipeline.revoke(0)

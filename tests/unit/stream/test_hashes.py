@@ -10,8 +10,8 @@ import pytest
 
 from service.stream import hashes as hashes_module
 from service.stream.events import ScoredResult
-from service.stream.hashes import Results, chunk_hashes, hashed_queries, packed_query
-from service.stream.join_state import HEAD, HEADER
+from service.stream.hashes import Results, chunk_hashes, hashed_queries
+from service.stream.join import HEAD, HEADER, packed_query
 
 IDS = ["doc-1#0", "doc-2#3", "doc-1#0", "doc-9#1"]
 

@@ -137,7 +137,7 @@ class Harness:
         return self._publish(self.p.finish())
 
     def _publish(self, windows: list[ClosedWindow]) -> list[ClosedWindow]:
-        self.p.published(windows)
+        self.p.deliver(windows)
         self.published.extend(windows)
         return r1(windows)
 
@@ -630,7 +630,7 @@ def stream(records: Iterable[tuple[int, Parsed]], partitions: int) -> dict[str, 
         for w in windows:
             assert w.key not in out, f"{w.key} published twice"
             out[w.key] = w
-        p.published(windows)
+        p.deliver(windows)
 
     for n, (partition, (sim, event)) in enumerate(records, start=1):
         offset = offsets[partition, sim.topic]
@@ -755,7 +755,7 @@ def test_the_totals_of_pending_state_are_kept_exactly(
         elif kind == "late":
             p.feedback(partition, offset, feedback_event(f"q{n}", ts - 3 * ATTR, "a"))
         else:
-            p.published(p.advance())
+            p.deliver(p.advance())
         assert p.pending_queries == sum(len(s.pending) for s in p.streams.values())
         assert p.pending_feedback == sum(s.n_orphans for s in p.streams.values())
         assert p.pending_queries <= 12

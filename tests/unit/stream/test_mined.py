@@ -76,7 +76,7 @@ def test_labelled_queries_become_records_and_views_never_keep_them() -> None:
         "labels": {"b": 1, "z": 2},
     }
     assert window.labels[1]["labels"] == {"y": 1}
-    pipeline.published(windows)
+    pipeline.deliver(windows)
     assert keep.windows == windows  # the same windows (labels take no part in equality)
     assert keep.windows[0].labels == ()  # but the views never hold the records
     assert set(recorder.queries) == {b"q9"}  # still pending

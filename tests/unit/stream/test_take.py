@@ -124,8 +124,8 @@ def _compare(records: list[Record], cuts: list[int]) -> None:
         # the watermark moves between batches: later records can be late
         closed = batched.advance()
         assert closed == one.advance()
-        batched.published(closed)
-        one.published(closed)
+        batched.deliver(closed)
+        one.deliver(closed)
         at += len(batch)
     assert _state(batched) == _state(one)
     assert batched.finish() == one.finish()
