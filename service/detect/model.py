@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from service.detect.budget import DRIFT_BUDGET_SPAN_MS, drift_alpha
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
 from service.metrics.sequential import SequentialResult
@@ -37,8 +38,6 @@ LABELLED_SHARE: MetricKey = "labelled_share"
 """Finalised queries with at least one relevant label / all finalised queries: a retriever
 that stops finding the answer often leaves no click at all, so its queries leave the
 means of the other metrics instead of lowering them."""
-
-THIRTY_DAYS_MS = 30 * DAY_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +71,7 @@ class DetectorConfig:
     """Per deploy of a version, half to each segment's comparison and half to the one
     pooled over its segments: each half is the probability that a deploy which changes
     nothing ever opens a regression in that comparison during its whole watch (all
-    metrics together)."""
+    metrics together); how it is split: :mod:`service.detect.budget`."""
     tau: float = 0.05
     """Scale of the mixture over effects: drops near it are found fastest."""
     drift_budget: float = 0.5
@@ -101,7 +100,7 @@ class DetectorConfig:
             raise ValueError(f"min_labelled must be at least 2, got {self.min_labelled}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
-        if not 0.0 < self.drift_budget < THIRTY_DAYS_MS / self.drift_period_ms:
+        if not 0.0 < self.drift_budget < DRIFT_BUDGET_SPAN_MS / self.drift_period_ms:
             raise ValueError(f"drift_budget must be positive, got {self.drift_budget}")
         if not 0.0 < self.tau < 1.0:
             raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
@@ -118,7 +117,7 @@ class DetectorConfig:
     @property
     def drift_alpha(self) -> float:
         """One drift period's share of the budget, for all slices and metrics together."""
-        return self.drift_budget * self.drift_period_ms / THIRTY_DAYS_MS
+        return drift_alpha(self.drift_budget, self.drift_period_ms)
 
     def drift_period_start(self, boundary_ms: int) -> int:
         """Start of the drift period whose windows end at ``boundary_ms`` (epoch-aligned)."""
