@@ -20,10 +20,9 @@ from typing import Any
 import orjson
 
 from service import __version__
-from service.config import add_settings_flags, settings_from_args
+from service.config import add_settings_flags, monitor_config, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
 from service.metrics.ir import metric_keys
-from service.monitor import MonitorConfig
 from service.offline_commands import (
     OFFLINE_HANDLERS,
     add_offline_commands,
@@ -191,7 +190,7 @@ def _demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         exit_when_done=args.exit_when_done,
     )
-    config = MonitorConfig.from_settings(settings)
+    config = monitor_config(settings)
     return run_demo(options, settings.http_host, settings.http_port, config)
 
 
@@ -199,7 +198,7 @@ def _replay(args: argparse.Namespace) -> int:
     if args.windows_out == "-" and args.regressions_out == "-":
         raise ConfigError("--windows-out and --regressions-out cannot both be '-' (stdout)")
     settings = settings_from_args(args)
-    config = MonitorConfig.from_settings(settings)
+    config = monitor_config(settings)
     out = None
     if args.windows_out == "-":
         out = sys.stdout.buffer

@@ -1,9 +1,17 @@
 """Settings: one frozen object, from flags (`--name-with-dashes`) and `RETRIEVAL_MONITOR_*` env.
 
 Flags win over the environment, which wins over the defaults. Durations accept ``90s``,
-``5m``, ``1h``, ``2d`` or a number of seconds and are held as integer milliseconds
-(field names end in ``_ms`` internally only through the properties below; the setting
-names stay those of the contract).
+``5m``, ``1h``, ``2d`` or a number of seconds and are held as integer milliseconds: their
+attributes end in ``_ms`` (``window_ms``), while the setting, its flag and its env var keep
+the contract's name (``window``, ``--window``, ``RETRIEVAL_MONITOR_WINDOW``).
+
+Each setting the core uses takes its default from the core's config
+(:class:`~service.stream.join_state.JoinConfig`,
+:class:`~service.stream.pipeline.PipelineConfig`,
+:class:`~service.detect.model.DetectorConfig`, :class:`~service.monitor.MonitorConfig`),
+and the detector's settings are checked by ``DetectorConfig`` itself:
+:func:`monitor_config` builds the core's config from the settings, once, when they are
+loaded. The settings of the Kafka and HTTP edges have their defaults and checks here.
 """
 
 from __future__ import annotations
@@ -11,67 +19,46 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.detect.model import DetectorConfig
 from service.errors import ConfigError
-from service.metrics.ir import metric_keys, validate_ks
+from service.metrics.ir import metric_keys
+from service.monitor import MonitorConfig
+from service.setting_values import (
+    ENV_PREFIX,
+    Cutoffs,
+    Duration,
+    MetricNames,
+    PositiveDuration,
+    Spans,
+    default_of,
+    ms_setting,
+    parse_ks,
+)
+from service.stream.join_state import JoinConfig
+from service.stream.pipeline import PipelineConfig
 from service.times import parse_duration_ms
 
-ENV_PREFIX = "RETRIEVAL_MONITOR_"
+__all__ = [  # (ENV_PREFIX, parse_ks and parse_duration_ms are read from here too)
+    "ENV_PREFIX",
+    "SETTINGS",
+    "Settings",
+    "add_settings_flags",
+    "load_settings",
+    "monitor_config",
+    "parse_duration_ms",
+    "parse_ks",
+    "setting_name",
+    "settings_from_args",
+]
+
 RECONNECT_BACKOFF_MAX_MS = 1_000
 """The longest pause between reconnect attempts to a broker that went away."""
-
-
-def parse_ks(text: str) -> tuple[int, ...]:
-    """Parse a comma-separated list of cutoffs such as ``1,3,5,10,20``."""
-    parts = [p.strip() for p in text.split(",")]
-    if not any(parts):
-        raise ConfigError(f"k needs a comma-separated list of positive integers, got {text!r}")
-    ks = []
-    for part in parts:
-        try:
-            k = int(part)
-        except ValueError:
-            raise ConfigError(
-                f"k must be a positive integer, got {part!r} in {text!r} (example: 1,3,5,10,20)"
-            ) from None
-        ks.append(k)
-    return validate_ks(ks)
-
-
-def _ks(value: object) -> tuple[int, ...]:
-    if isinstance(value, str):
-        try:
-            return parse_ks(value)
-        except ConfigError as error:
-            raise ValueError(str(error)) from None
-    if isinstance(value, list | tuple):
-        return validate_ks(list(value))
-    raise ValueError(f"expected cutoffs such as 1,3,5,10,20, got {value!r}")
-
-
-def _durations(value: object) -> tuple[int, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple) or not items:
-        raise ValueError(f"expected durations such as 15m,1h,24h, got {value!r}")
-    spans = tuple(parse_duration_ms(item) for item in items)
-    if any(span <= 0 for span in spans):
-        raise ValueError(f"rolling windows must be positive, got {value!r}")
-    return spans
-
-
-def _names(value: object) -> tuple[str, ...]:
-    items = value.split(",") if isinstance(value, str) else value
-    if not isinstance(items, list | tuple):
-        raise ValueError(f"expected metric keys such as recall@5,mrr, got {value!r}")
-    return tuple(str(item).strip() for item in items if str(item).strip())
-
-
-Duration = Annotated[int, BeforeValidator(parse_duration_ms), Field(ge=0)]
-PositiveDuration = Annotated[int, BeforeValidator(parse_duration_ms), Field(gt=0)]
 
 
 class Settings(BaseSettings):
@@ -94,53 +81,70 @@ class Settings(BaseSettings):
     group_id: str = "retrieval-monitor"
     http_host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
-    ks: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_ks)] = (1, 3, 5, 10, 20)
-    attribution_window: Duration = "30m"  # type: ignore[assignment]
-    clock_skew: Duration = "5s"  # type: ignore[assignment]
-    max_out_of_orderness: Duration = "60s"  # type: ignore[assignment]
-    idle_timeout: PositiveDuration = "30s"  # type: ignore[assignment]
-    max_future_skew: Duration = "5m"  # type: ignore[assignment]
-    window: PositiveDuration = "5m"  # type: ignore[assignment]
-    rolling_windows: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_durations)] = (
-        "15m,1h,24h"  # type: ignore[assignment]
+    ks: Cutoffs = default_of(PipelineConfig, "ks")
+    attribution_window_ms: Duration = ms_setting("attribution_window", JoinConfig, "attribution_ms")
+    clock_skew_ms: Duration = ms_setting("clock_skew", JoinConfig, "clock_skew_ms")
+    max_out_of_orderness_ms: Duration = ms_setting(
+        "max_out_of_orderness", JoinConfig, "max_out_of_orderness_ms"
     )
-    max_pending_queries: int = Field(1_000_000, ge=1)
-    max_pending_feedback: int = Field(1_000_000, ge=1)
-    max_label_values: int = Field(50, ge=1)
+    idle_timeout_ms: PositiveDuration = ms_setting("idle_timeout", JoinConfig, "idle_timeout_ms")
+    max_future_skew_ms: Duration = ms_setting(
+        "max_future_skew", PipelineConfig, "max_future_skew_ms"
+    )
+    window_ms: PositiveDuration = ms_setting("window", JoinConfig, "window_ms")
+    rolling_windows_ms: Spans = ms_setting("rolling_windows", PipelineConfig, "rolling_ms")
+    max_pending_queries: int = Field(default_of(PipelineConfig, "max_pending_queries"), ge=1)
+    max_pending_feedback: int = Field(default_of(PipelineConfig, "max_pending_feedback"), ge=1)
+    max_label_values: int = Field(default_of(PipelineConfig, "max_label_values"), ge=1)
     context_size: int = Field(5, ge=1)
     """How many results reach the model; the detector watches recall and hit rate at it."""
-    regression_metrics: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_names)] = ()
+    regression_metrics: MetricNames = ()
     """Metric keys the detector watches; empty: recall@C, hit_rate@C, mrr, ndcg@10 (C =
     context_size), keeping those whose cutoff is in ``ks``."""
-    regression_candidate: PositiveDuration = "1h"  # type: ignore[assignment]
-    regression_baseline: PositiveDuration = "24h"  # type: ignore[assignment]
-    regression_deploy_watch: PositiveDuration = "24h"  # type: ignore[assignment]
-    regression_no_history_watch: PositiveDuration = "2h"  # type: ignore[assignment]
-    regression_min_labelled: int = Field(200, ge=2)
-    regression_min_effect: float = Field(0.02, ge=0.0, lt=1.0)
-    regression_alpha: float = Field(0.01, gt=0.0, lt=1.0)
-    regression_tau: float = Field(0.05, gt=0.0, lt=1.0)
-    regression_drift_budget: float = Field(0.5, gt=0.0, le=100.0)
-    regression_drift_period: PositiveDuration = "6h"  # type: ignore[assignment]
-    regression_close_after: PositiveDuration = "1h"  # type: ignore[assignment]
-    shutdown_grace: Duration = "0s"  # type: ignore[assignment]
+    # the detector's settings: its config's defaults, checked by it (see monitor_config)
+    regression_candidate_ms: Duration = ms_setting(
+        "regression_candidate", DetectorConfig, "candidate_ms"
+    )
+    regression_baseline_ms: Duration = ms_setting(
+        "regression_baseline", DetectorConfig, "baseline_ms"
+    )
+    regression_deploy_watch_ms: Duration = ms_setting(
+        "regression_deploy_watch", DetectorConfig, "deploy_watch_ms"
+    )
+    regression_no_history_watch_ms: Duration = ms_setting(
+        "regression_no_history_watch", DetectorConfig, "no_history_watch_ms"
+    )
+    regression_min_labelled: int = default_of(DetectorConfig, "min_labelled")
+    regression_min_effect: float = default_of(DetectorConfig, "min_effect")
+    regression_alpha: float = default_of(DetectorConfig, "alpha")
+    regression_tau: float = default_of(DetectorConfig, "tau")
+    regression_drift_budget: float = default_of(DetectorConfig, "drift_budget")
+    regression_drift_period_ms: Duration = ms_setting(
+        "regression_drift_period", DetectorConfig, "drift_period_ms"
+    )
+    regression_close_after_ms: Duration = ms_setting(
+        "regression_close_after", DetectorConfig, "close_after_ms"
+    )
+    shutdown_grace_ms: Duration = ms_setting("shutdown_grace", "0s")
     """After a clean stop (SIGTERM) has handed the partitions over, keep serving /metrics
     this long (``/readyz`` answers 503 "stopped") so that a last scrape sees the final
     counts; set it to the Prometheus scrape interval when every count matters."""
-    session_timeout: PositiveDuration = "45s"  # type: ignore[assignment]
+    session_timeout_ms: PositiveDuration = ms_setting("session_timeout", "45s")
     """A crashed replica's partitions move to the others after this long."""
     exactly_once: bool = True
     """Publish windows and commit offsets in one Kafka transaction (else: at least once)."""
     transactional_id: str | None = None
     """Stable per replica, so a restarted process fences its crashed predecessor at once;
     default ``<group_id>-<hostname>-<http_port>``."""
-    commit_interval: PositiveDuration = "5s"  # type: ignore[assignment]
-    progress_stall: PositiveDuration = "15m"  # type: ignore[assignment]
+    commit_interval_ms: PositiveDuration = ms_setting("commit_interval", "5s")
+    progress_stall_ms: PositiveDuration = ms_setting(
+        "progress_stall", MonitorConfig, "progress_stall_ms"
+    )
     """Global view: an input partition whose committed progress has not moved for this long
     (wall clock) while others moved is left out of the detector's boundary (unowned, stuck)."""
-    poll_timeout: PositiveDuration = "200ms"  # type: ignore[assignment]
+    poll_timeout_ms: PositiveDuration = ms_setting("poll_timeout", "200ms")
     max_poll_records: int = Field(2000, ge=1)
-    max_topic_lead: Duration = "10m"  # type: ignore[assignment]
+    max_topic_lead_ms: Duration = ms_setting("max_topic_lead", "10m")
     """Backpressure: a topic partition whose event time runs this far ahead of the other
     topic of its partition, while that one still has a backlog, is paused until the other
     catches up to half of it (0 turns pausing off)."""
@@ -193,6 +197,21 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_core(self) -> Settings:
+        # the core's configs check their own settings (the detector's): build them once
+        try:
+            monitor_config(self)
+        except ValueError as error:
+            message = str(error)
+            setting = _DETECTOR_SETTINGS.get(message.split(" ", 1)[0])
+            if setting is None:
+                raise
+            raise PydanticCustomError(
+                "core_config", "{message}", {"message": message, "setting": setting}
+            ) from None
+        return self
+
     @property
     def watched_metrics(self) -> tuple[str, ...]:
         """The detector's metric keys (the setting, or the default set)."""
@@ -226,13 +245,87 @@ class Settings(BaseSettings):
         return config
 
 
+_DETECTOR_SETTINGS = {
+    "metrics": "regression_metrics",
+    "candidate_ms": "regression_candidate",
+    "baseline_ms": "regression_baseline",
+    "deploy_watch_ms": "regression_deploy_watch",
+    "no_history_watch_ms": "regression_no_history_watch",
+    "min_labelled": "regression_min_labelled",
+    "min_effect": "regression_min_effect",
+    "alpha": "regression_alpha",
+    "tau": "regression_tau",
+    "drift_budget": "regression_drift_budget",
+    "drift_period_ms": "regression_drift_period",
+    "close_after_ms": "regression_close_after",
+}
+"""A DetectorConfig field (its check's message starts with it) -> the setting it comes from."""
+
+
+def whole_windows(span_ms: int, window_ms: int) -> int:
+    """A span rounded up to whole windows (the detector compares whole windows)."""
+    return -(-span_ms // window_ms) * window_ms
+
+
+def monitor_config(settings: Settings) -> MonitorConfig:
+    """The core's parameters from the service settings (the detector's spans in whole
+    windows; it checks its own parameters, ValueError naming the field)."""
+    window = settings.window_ms
+    join = JoinConfig(
+        attribution_ms=settings.attribution_window_ms,
+        clock_skew_ms=settings.clock_skew_ms,
+        window_ms=window,
+        max_out_of_orderness_ms=settings.max_out_of_orderness_ms,
+        idle_timeout_ms=settings.idle_timeout_ms,
+    )
+    pipeline = PipelineConfig(
+        join=join,
+        ks=settings.ks,
+        max_future_skew_ms=settings.max_future_skew_ms,
+        max_pending_queries=settings.max_pending_queries,
+        max_pending_feedback=settings.max_pending_feedback,
+        max_label_values=settings.max_label_values,
+        rolling_ms=settings.rolling_windows_ms,
+    )
+    detector = DetectorConfig(
+        metrics=settings.watched_metrics,
+        window_ms=window,  # (its spans are checked against it; MonitorConfig fits the rest)
+        candidate_ms=whole_windows(settings.regression_candidate_ms, window),
+        baseline_ms=whole_windows(settings.regression_baseline_ms, window),
+        deploy_watch_ms=whole_windows(settings.regression_deploy_watch_ms, window),
+        no_history_watch_ms=whole_windows(settings.regression_no_history_watch_ms, window),
+        min_labelled=settings.regression_min_labelled,
+        min_effect=settings.regression_min_effect,
+        alpha=settings.regression_alpha,
+        tau=settings.regression_tau,
+        drift_budget=settings.regression_drift_budget,
+        drift_period_ms=whole_windows(settings.regression_drift_period_ms, window),
+        close_after_ms=whole_windows(settings.regression_close_after_ms, window),
+    )
+    return MonitorConfig(
+        pipeline=pipeline, detector=detector, progress_stall_ms=settings.progress_stall_ms
+    )
+
+
+def setting_name(field: str) -> str:
+    """The setting (flag, env var) of a :class:`Settings` attribute: ``window_ms`` -> ``window``."""
+    alias = Settings.model_fields[field].validation_alias
+    if isinstance(alias, str):
+        return alias.removeprefix(ENV_PREFIX).lower()
+    return field
+
+
+SETTINGS = {setting_name(field): field for field in Settings.model_fields}
+"""Every setting's name (as in the contract, the flags and the env) -> its attribute."""
+
+
 def add_settings_flags(parser: argparse.ArgumentParser) -> None:
     """One ``--name-with-dashes`` flag per setting; unset flags fall back to env, then defaults."""
     group = parser.add_argument_group(
         "settings", f"each flag is also an env var {ENV_PREFIX}<NAME>; flags win over env"
     )
-    for name, field in Settings.model_fields.items():
-        default = field.default
+    for name, attribute in SETTINGS.items():
+        default = Settings.model_fields[attribute].default
         shown = "unset" if default is None else _show_default(name, default)
         group.add_argument(
             "--" + name.replace("_", "-"),
@@ -263,12 +356,29 @@ def settings_from_args(
 
 def load_settings(values: Mapping[str, Any] | None = None) -> Settings:
     """Settings from explicit values over env over defaults; ConfigError names each bad one."""
+    given = {_input_key(name): value for name, value in (values or {}).items()}
     try:
-        return Settings(**dict(values or {}))
+        return Settings(**given)
     except ValidationError as error:
         problems = []
         for item in error.errors():
-            name = ".".join(str(p) for p in item["loc"])
+            ctx = item.get("ctx") or {}
+            if item["type"] == "core_config":
+                name = str(ctx["setting"])
+            else:
+                name = ".".join(_setting_of_key(str(p)) for p in item["loc"])
             flag = "--" + name.replace("_", "-")
             problems.append(f"{flag} ({ENV_PREFIX}{name.upper()}): {item['msg']}")
         raise ConfigError("invalid settings: " + "; ".join(problems)) from None
+
+
+def _input_key(name: str) -> str:
+    """The key :class:`Settings` takes a setting's value by (a duration's: its alias)."""
+    field = SETTINGS.get(name)
+    alias = None if field is None else Settings.model_fields[field].validation_alias
+    return alias if isinstance(alias, str) else name
+
+
+def _setting_of_key(key: str) -> str:
+    """The setting named by an input key (an alias such as ``RETRIEVAL_MONITOR_WINDOW``)."""
+    return key.removeprefix(ENV_PREFIX).lower() if key.startswith(ENV_PREFIX) else key

@@ -17,68 +17,42 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from service.config import Settings
 from service.detect.detector import Detector
 from service.detect.model import DetectorConfig
+from service.metrics.ir import metric_keys
 from service.stream.counters import Counts
-from service.stream.join_state import JoinConfig
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows, WindowIdent
-from service.times import HOUR_MS, MINUTE_MS
+from service.times import HOUR_MS, duration_field
 
 
 @dataclass(frozen=True, slots=True)
 class MonitorConfig:
-    """The core's parameters: the pipeline's and the detector's (milliseconds)."""
+    """The core's parameters: the pipeline's and the detector's (milliseconds).
+
+    The detector is given the pipeline's window, attribution window and metric keys here,
+    once (whether built from the settings, :func:`service.config.monitor_config`, or by
+    hand)."""
 
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     detector: DetectorConfig = field(default_factory=DetectorConfig)
-    progress_stall_ms: int = 15 * MINUTE_MS
+    progress_stall_ms: int = duration_field("15m")
     """A partition whose progress has not moved for this long (wall clock) while others
-    moved is left out of the global boundary."""
+    moved is left out of the global boundary (``--progress-stall``)."""
 
-    @classmethod
-    def from_settings(cls, settings: Settings) -> MonitorConfig:
-        """The core's parameters from the service settings."""
-        window = settings.window
-        pipeline = PipelineConfig(
-            join=JoinConfig(
-                attribution_ms=settings.attribution_window,
-                clock_skew_ms=settings.clock_skew,
-                window_ms=window,
-                max_out_of_orderness_ms=settings.max_out_of_orderness,
-                idle_timeout_ms=settings.idle_timeout,
-            ),
-            ks=settings.ks,
-            max_future_skew_ms=settings.max_future_skew,
-            max_pending_queries=settings.max_pending_queries,
-            max_pending_feedback=settings.max_pending_feedback,
-            max_label_values=settings.max_label_values,
-            rolling_ms=settings.rolling_windows,
+    def __post_init__(self) -> None:
+        # the detector reads the pipeline's windows: their width, attribution and metrics
+        join = self.pipeline.join
+        keys = metric_keys(self.pipeline.ks)
+        watched = tuple(m for m in self.detector.metrics if m in keys) or ("mrr",)
+        fitted = replace(
+            self.detector,
+            window_ms=join.window_ms,
+            attribution_ms=join.attribution_ms,
+            metrics=watched,
         )
-        detector = DetectorConfig(
-            metrics=settings.watched_metrics,
-            window_ms=window,
-            attribution_ms=settings.attribution_window,
-            candidate_ms=whole_windows(settings.regression_candidate, window),
-            baseline_ms=whole_windows(settings.regression_baseline, window),
-            deploy_watch_ms=whole_windows(settings.regression_deploy_watch, window),
-            no_history_watch_ms=whole_windows(settings.regression_no_history_watch, window),
-            min_labelled=settings.regression_min_labelled,
-            min_effect=settings.regression_min_effect,
-            alpha=settings.regression_alpha,
-            tau=settings.regression_tau,
-            drift_budget=settings.regression_drift_budget,
-            drift_period_ms=whole_windows(settings.regression_drift_period, window),
-            close_after_ms=whole_windows(settings.regression_close_after, window),
-        )
-        return cls(pipeline=pipeline, detector=detector, progress_stall_ms=settings.progress_stall)
-
-
-def whole_windows(span_ms: int, window_ms: int) -> int:
-    """A span rounded up to whole windows (the detector compares whole windows)."""
-    return -(-span_ms // window_ms) * window_ms
+        object.__setattr__(self, "detector", fitted)
 
 
 class WindowView:
@@ -101,7 +75,7 @@ class WindowView:
         watermark_ms: Callable[[], int | None] | None = None,
         *,
         attribution_ms: int = 0,
-        stall_ms: int = 15 * MINUTE_MS,
+        stall_ms: int,
     ) -> None:
         self.closed = ClosedWindows(window_ms, max(rolling_ms))
         self.rolling_ms = rolling_ms
@@ -205,15 +179,7 @@ class Monitor:
         self.config = config
         self.pipeline = Pipeline(config.pipeline, now_ms, counts)
         join = config.pipeline.join
-        keys = self.pipeline.metric_keys
-        watched = tuple(m for m in config.detector.metrics if m in keys) or ("mrr",)
-        fitted = replace(
-            config.detector,
-            window_ms=join.window_ms,
-            attribution_ms=join.attribution_ms,
-            metrics=watched,
-        )
-        self.detector = Detector(fitted, keep_opened=keep_opened)
+        self.detector = Detector(config.detector, keep_opened=keep_opened)
         self.view = WindowView(
             join.window_ms,
             config.pipeline.rolling_ms,

@@ -7,10 +7,10 @@ import threading
 
 from service.broker.consumer import KafkaEdge
 from service.broker.follower import WindowFollower
-from service.config import Settings
+from service.config import Settings, monitor_config
 from service.http.app import create_app
 from service.http.server import configure_logging, serve_http, stop_on_signals
-from service.monitor import Monitor, MonitorConfig
+from service.monitor import Monitor
 from service.state import ServiceState
 from service.times import wall_ms
 
@@ -20,7 +20,7 @@ log = logging.getLogger("retrieval_monitor")
 def run_service(settings: Settings) -> int:
     """Consume Kafka and serve HTTP until SIGTERM/SIGINT."""
     configure_logging(settings.log_level)
-    monitor = Monitor(MonitorConfig.from_settings(settings), wall_ms, global_view=True)
+    monitor = Monitor(monitor_config(settings), wall_ms, global_view=True)
     state = ServiceState(
         monitor,
         wall_ms,
@@ -36,7 +36,7 @@ def run_service(settings: Settings) -> int:
         input_topics=(settings.queries_topic, settings.feedback_topic),
         partitions=partitions,
         since_ms=wall_ms() - monitor.history_ms,
-        interval_s=settings.commit_interval / 1000,
+        interval_s=settings.commit_interval_ms / 1000,
     )
     follower.start()
     server, thread = serve_http(create_app(state), settings.http_host, settings.http_port)
@@ -54,12 +54,12 @@ def run_service(settings: Settings) -> int:
         edge.run(stop)
         with state.lock:
             state.health.stopped = True
-        if settings.shutdown_grace:
+        if settings.shutdown_grace_ms:
             log.info(
                 "handed over; serving the final /metrics for %d ms (a second SIGTERM ends it)",
-                settings.shutdown_grace,
+                settings.shutdown_grace_ms,
             )
-            again.wait(settings.shutdown_grace / 1000)
+            again.wait(settings.shutdown_grace_ms / 1000)
     finally:
         follower.stop()
         server.should_exit = True

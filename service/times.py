@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+from dataclasses import field
 from datetime import UTC, datetime, timedelta
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -72,6 +73,22 @@ def parse_duration_ms(value: object) -> int:
         )
     number, unit = match.groups()
     return round(float(number) * _UNITS_MS[unit or "s"])
+
+
+WRITTEN = "written"
+"""The metadata key of a dataclass field defaulting to a duration: the text it is written as
+(the settings show it in ``--help`` and parse it like a given value)."""
+
+
+def duration_field(text: str) -> int:
+    """A dataclass field whose default is the duration ``text`` in milliseconds."""
+    return field(default=parse_duration_ms(text), metadata={WRITTEN: text})
+
+
+def durations_field(text: str) -> tuple[int, ...]:
+    """A dataclass field whose default is the comma-separated durations ``text`` in ms."""
+    spans = tuple(parse_duration_ms(item) for item in text.split(","))
+    return field(default=spans, metadata={WRITTEN: text})
 
 
 def duration_label(span_ms: int) -> str:

@@ -107,8 +107,8 @@ class KafkaEdge:
                 isolation_level="read_committed",
                 partition_assignment_strategy=[RangePartitionAssignor],
                 max_poll_records=settings.max_poll_records,
-                session_timeout_ms=settings.session_timeout,
-                heartbeat_interval_ms=max(100, min(3000, settings.session_timeout // 3)),
+                session_timeout_ms=settings.session_timeout_ms,
+                heartbeat_interval_ms=max(100, min(3000, settings.session_timeout_ms // 3)),
                 client_id="retrieval-monitor",
                 **compat.NO_CLIENT_METRICS,
             )
@@ -183,7 +183,7 @@ class KafkaEdge:
             try:
                 with state.waiting_on_broker("poll", waits.poll_limit_ms(settings)):
                     batch = self.consumer.poll(
-                        timeout_ms=settings.poll_timeout, max_records=settings.max_poll_records
+                        timeout_ms=settings.poll_timeout_ms, max_records=settings.max_poll_records
                     )
             except RetriableError as error:  # e.g. the broker is down: retry, stay in place
                 log.warning("polling Kafka failed (%s); retrying in %.0f s", error, KAFKA_RETRY_S)
@@ -199,7 +199,7 @@ class KafkaEdge:
                 for tp, records in batch.items():
                     self._process(tp, records)
 
-            due = now - self._last_commit_ms >= settings.commit_interval
+            due = now - self._last_commit_ms >= settings.commit_interval_ms
             advance = due or now - self._last_advance_ms >= ADVANCE_EVERY_MS
             with state.waiting_on_broker("commit", waits.commit_limit_ms()):
                 if self.commits.cycle(work, commit=due, advance=advance):
@@ -281,7 +281,7 @@ class KafkaEdge:
         is within half of that or has caught up. The consumer keeps polling (paused
         partitions are simply not fetched), so it stays in the group.
         """
-        lead = self.settings.max_topic_lead
+        lead = self.settings.max_topic_lead_ms
         if lead <= 0:
             return
         paused = {(tp.topic, tp.partition) for tp in self.consumer.paused()}

@@ -34,7 +34,7 @@ def commit_limit_ms() -> int:
 
 def poll_limit_ms(settings: Settings) -> int:
     """One poll."""
-    return settings.poll_timeout + POLL_ALLOWANCE_MS
+    return settings.poll_timeout_ms + POLL_ALLOWANCE_MS
 
 
 def rebuild_limit_ms() -> int:

@@ -33,7 +33,8 @@ among all finalised queries).
   end at the new version's last closed window, and a version that served nothing for
   ``candidate_ms`` (rolled back) is no longer tested. Both phases share one regression
   key, so a promoted canary keeps one comparison; when there was a canary phase, each
-  phase spends half of the family's alpha (a union bound keeps its total).
+  phase spends half of the family's alpha (a union bound keeps its total; every share:
+  :mod:`service.detect.budget`).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
@@ -59,6 +60,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from service.detect.budget import phase_alpha
 from service.detect.history import SliceHistory
 from service.detect.model import (
     DRIFT_LABEL,
@@ -249,7 +251,7 @@ class Detector:
         canaried = key in self._canaried
         if serving:
             self._canaried.add(key)
-            family = Family(CANARY, deploy.previous, cfg.alpha / 4, 1, deploy.at_ms)
+            family = Family(CANARY, deploy.previous, phase_alpha(cfg.alpha, True), 1, deploy.at_ms)
             return family, since, candidate
         if deploy.daily and previous is not None:
             # the previous version over the same hours one day earlier: a daily cycle of
@@ -264,8 +266,7 @@ class Detector:
             # (mirrored about the switch, a smooth daily cycle biases it far less than the
             # whole of its last hours would; it cannot cancel it, see docs/detection.md)
             base = [a + b for a, b in zip(before, since, strict=True)]
-        alpha = cfg.alpha / 4 if canaried else cfg.alpha / 2
-        family = Family(DEPLOY, deploy.previous, alpha, 1, deploy.at_ms)
+        family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, canaried), 1, deploy.at_ms)
         return family, base, candidate
 
     def _pooled_plans(self, retriever: str, previous: str, group: list[Comparison]) -> list[Plan]:
@@ -275,7 +276,7 @@ class Detector:
         canary = any(family.kind == CANARY for family, _, _ in group)
         if canary:
             self._canaried.add((retriever, POOLED_SEGMENT))
-        alpha = self.config.alpha / (4 if (retriever, POOLED_SEGMENT) in self._canaried else 2)
+        alpha = phase_alpha(self.config.alpha, (retriever, POOLED_SEGMENT) in self._canaried)
         start = min(
             d.at_ms
             for (r, _), d in self._deploys.items()

@@ -7,11 +7,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
 
+from service.detect.budget import DRIFT_BUDGET_SPAN_MS, drift_alpha
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
 from service.metrics.sequential import SequentialResult
+from service.stream.join_state import JoinConfig
 from service.stream.windows import SliceKey
-from service.times import DAY_MS, HOUR_MS, rfc3339
+from service.times import DAY_MS, duration_field, rfc3339
 
 Sums = list[int] | tuple[int, ...]
 """Flat (count, sum_fx, sum_sq_fx) per watched metric."""
@@ -38,29 +40,36 @@ LABELLED_SHARE: MetricKey = "labelled_share"
 that stops finding the answer often leaves no click at all, so its queries leave the
 means of the other metrics instead of lowering them."""
 
-THIRTY_DAYS_MS = 30 * DAY_MS
+
+MAX_DRIFT_BUDGET = 100.0
+"""The most false drift alarms per 30 days a deployment may budget."""
 
 
 @dataclass(frozen=True, slots=True)
 class DetectorConfig:
-    """What to test and how strictly; times in event-time milliseconds."""
+    """What to test and how strictly; times in event-time milliseconds.
+
+    The defaults and the checks of the ``--regression-*`` settings are these
+    (:mod:`service.config` reads them here, and reports a failed check by its flag).
+    """
 
     metrics: tuple[MetricKey, ...] = ("recall@5", "hit_rate@5", "mrr", "ndcg@10")
     labelled_share: bool = True
     """Also watch :data:`LABELLED_SHARE` (with the same guarantees)."""
-    window_ms: int = 300_000
-    attribution_ms: int = 1_800_000
+    window_ms: int = JoinConfig().window_ms
+    """The join's (a monitor gives the detector its pipeline's)."""
+    attribution_ms: int = JoinConfig().attribution_ms
     """Only for ``opened_at``: the evidence is complete that long after its last window."""
-    candidate_ms: int = HOUR_MS
+    candidate_ms: int = duration_field("1h")
     """Which version a new one replaces (the one with most labelled queries in this span
     before the switch), and whether it still serves beside it (any query in this span)."""
-    baseline_ms: int = DAY_MS
+    baseline_ms: int = duration_field("24h")
     """Without a day of the previous version's history, a deploy is compared with the
     previous version over as long a span before the switch as the new version has served
     since (at least ``candidate_ms``, at most this)."""
-    deploy_watch_ms: int = DAY_MS
+    deploy_watch_ms: int = duration_field("24h")
     """How long after a version first appears it is compared with the previous one."""
-    no_history_watch_ms: int = 2 * HOUR_MS
+    no_history_watch_ms: int = duration_field("2h")
     """Without a day of the previous version's history, how long after the switch the
     deploy comparison (with the hours just before it) runs: a daily cycle in quality
     biases it by about twice the cycle's slope times half this span, so it stops while
@@ -72,16 +81,16 @@ class DetectorConfig:
     """Per deploy of a version, half to each segment's comparison and half to the one
     pooled over its segments: each half is the probability that a deploy which changes
     nothing ever opens a regression in that comparison during its whole watch (all
-    metrics together)."""
+    metrics together); how it is split: :mod:`service.detect.budget`."""
     tau: float = 0.05
     """Scale of the mixture over effects: drops near it are found fastest."""
     drift_budget: float = 0.5
     """Expected false drift alarms per 30 days for the whole deployment (all slices and
     metrics together)."""
-    drift_period_ms: int = 6 * HOUR_MS
+    drift_period_ms: int = duration_field("6h")
     """Drift tests restart every period (epoch-aligned), each spending its share of the
     budget; a slice is compared with itself one day earlier over the same hours."""
-    close_after_ms: int = HOUR_MS
+    close_after_ms: int = duration_field("1h")
 
     def __post_init__(self) -> None:
         for name in (
@@ -101,8 +110,14 @@ class DetectorConfig:
             raise ValueError(f"min_labelled must be at least 2, got {self.min_labelled}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
-        if not 0.0 < self.drift_budget < THIRTY_DAYS_MS / self.drift_period_ms:
-            raise ValueError(f"drift_budget must be positive, got {self.drift_budget}")
+        if not (
+            0.0 < self.drift_budget <= MAX_DRIFT_BUDGET
+            and self.drift_budget < DRIFT_BUDGET_SPAN_MS / self.drift_period_ms
+        ):
+            raise ValueError(
+                f"drift_budget must be positive, at most {MAX_DRIFT_BUDGET} and below 30 days "
+                f"over drift_period_ms, got {self.drift_budget}"
+            )
         if not 0.0 < self.tau < 1.0:
             raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
         if not 0.0 <= self.min_effect < 1.0:
@@ -118,7 +133,7 @@ class DetectorConfig:
     @property
     def drift_alpha(self) -> float:
         """One drift period's share of the budget, for all slices and metrics together."""
-        return self.drift_budget * self.drift_period_ms / THIRTY_DAYS_MS
+        return drift_alpha(self.drift_budget, self.drift_period_ms)
 
     def drift_period_start(self, boundary_ms: int) -> int:
         """Start of the drift period whose windows end at ``boundary_ms`` (epoch-aligned)."""

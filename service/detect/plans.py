@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from service.detect.budget import slice_level
 from service.detect.model import (
     POOLED_SEGMENT,
     BoundaryTest,
@@ -98,7 +99,7 @@ def measure(plan: Plan, tau: float) -> Measured:
         )
         for b, c in strata
     ]
-    r = msprt_strata(sides, tau=tau, alpha=family.alpha / family.slices)
+    r = msprt_strata(sides, tau=tau, alpha=slice_level(family.alpha, family.slices))
     n_candidate = sum(c.count for _, c in strata)
     # both means weighted by the candidate's mix of strata (one stratum: its own means)
     weights = [c[2] / n_candidate for _, c in sides]
@@ -122,7 +123,7 @@ def conclude(
     closed e-value reaches ``1 / level`` and the drop is at least ``min_effect``.
     """
     key, metric, family = plan.slice, plan.metric, plan.family
-    level = family.alpha / family.slices
+    level = slice_level(family.alpha, family.slices)
     r = measured.result
     smallest = running_p(smallest_p, closed_log_e)
     test = BoundaryTest(

@@ -15,16 +15,22 @@ if TYPE_CHECKING:
     from service.stream.events import FeedbackEvent
     from service.stream.mined import LabelRecorder
 
+from service.times import duration_field
+
 
 @dataclass(frozen=True, slots=True)
 class JoinConfig:
-    """Event-time parameters in milliseconds (``idle_timeout_ms=None``: no idleness)."""
+    """Event-time parameters in milliseconds (``idle_timeout_ms=None``: no idleness).
 
-    attribution_ms: int = 30 * 60_000
-    clock_skew_ms: int = 5_000
-    window_ms: int = 5 * 60_000
-    max_out_of_orderness_ms: int = 60_000
-    idle_timeout_ms: int | None = 30_000
+    The defaults are the settings' (``--attribution-window``, ``--clock-skew``, ``--window``,
+    ``--max-out-of-orderness``, ``--idle-timeout``: :mod:`service.config` reads them here).
+    """
+
+    attribution_ms: int = duration_field("30m")
+    clock_skew_ms: int = duration_field("5s")
+    window_ms: int = duration_field("5m")
+    max_out_of_orderness_ms: int = duration_field("60s")
+    idle_timeout_ms: int | None = duration_field("30s")
 
 
 QueryId = bytes

@@ -29,20 +29,21 @@ from service.stream.prepared import Prepared, Record
 from service.stream.topics import FEEDBACK, QUERIES, TOPICS, Topic
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, WindowIdent, WindowSink
-from service.times import DAY_MS, HOUR_MS, MINUTE_MS
+from service.times import duration_field, durations_field
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineConfig:
-    """Everything the core needs, in milliseconds."""
+    """Everything the core needs, in milliseconds (the defaults are the settings': see
+    :mod:`service.config`)."""
 
     join: JoinConfig = field(default_factory=JoinConfig)
     ks: tuple[int, ...] = DEFAULT_KS
-    max_future_skew_ms: int = 5 * 60_000
+    max_future_skew_ms: int = duration_field("5m")
     max_pending_queries: int = 1_000_000
     max_pending_feedback: int = 1_000_000
     max_label_values: int = 50
-    rolling_ms: tuple[int, ...] = (15 * MINUTE_MS, HOUR_MS, DAY_MS)
+    rolling_ms: tuple[int, ...] = durations_field("15m,1h,24h")
     labels: LabelPolicy = field(default_factory=LabelPolicy)
 
 

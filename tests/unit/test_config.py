@@ -7,13 +7,16 @@ import argparse
 import pytest
 
 from service.config import (
+    SETTINGS,
     Settings,
     add_settings_flags,
     load_settings,
+    monitor_config,
     parse_duration_ms,
     settings_from_args,
 )
 from service.errors import ConfigError
+from service.monitor import MonitorConfig
 
 
 def test_defaults_are_the_contract_values_in_milliseconds() -> None:
@@ -24,13 +27,13 @@ def test_defaults_are_the_contract_values_in_milliseconds() -> None:
     assert s.group_id == "retrieval-monitor"
     assert (s.http_host, s.http_port) == ("127.0.0.1", 8000)
     assert s.ks == (1, 3, 5, 10, 20)
-    assert s.attribution_window == 30 * 60_000
-    assert s.clock_skew == 5_000
-    assert s.max_out_of_orderness == 60_000
-    assert s.idle_timeout == 30_000
-    assert s.max_future_skew == 5 * 60_000
-    assert s.window == 5 * 60_000
-    assert s.rolling_windows == (15 * 60_000, 3_600_000, 86_400_000)
+    assert s.attribution_window_ms == 30 * 60_000
+    assert s.clock_skew_ms == 5_000
+    assert s.max_out_of_orderness_ms == 60_000
+    assert s.idle_timeout_ms == 30_000
+    assert s.max_future_skew_ms == 5 * 60_000
+    assert s.window_ms == 5 * 60_000
+    assert s.rolling_windows_ms == (15 * 60_000, 3_600_000, 86_400_000)
     assert (s.max_pending_queries, s.max_pending_feedback, s.max_label_values) == (
         1_000_000,
         1_000_000,
@@ -74,10 +77,10 @@ def test_env_is_read_and_flags_win(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RETRIEVAL_MONITOR_KS", "1,5")
     monkeypatch.setenv("RETRIEVAL_MONITOR_GROUP_ID", "from-env")
     s = settings_from_args(_parse(["--group-id", "from-flag", "--rolling-windows", "10m,2h"]))
-    assert s.window == 60_000
+    assert s.window_ms == 60_000
     assert s.ks == (1, 5)
     assert s.group_id == "from-flag"
-    assert s.rolling_windows == (600_000, 7_200_000)
+    assert s.rolling_windows_ms == (600_000, 7_200_000)
 
 
 def test_bad_settings_name_the_flag_and_the_env_var() -> None:
@@ -123,3 +126,51 @@ def test_every_client_retries_a_lost_broker_every_second_at_most() -> None:
     """kafka-python's own default backs off to 30 s between reconnects, which would add
     up to 25 s to the resume after a 20 s outage (docs/reliability.md quotes the bound)."""
     assert Settings().kafka_client_config()["reconnect_backoff_max_ms"] == 1_000
+
+
+def test_durations_are_held_in_ms_attributes_under_the_contracts_names() -> None:
+    """``window_ms`` holds milliseconds; its flag and env var stay ``--window`` and
+    ``RETRIEVAL_MONITOR_WINDOW`` (no ``_ms`` name is a setting)."""
+    for attribute, field in Settings.model_fields.items():
+        if attribute.endswith("_ms"):
+            assert field.validation_alias == "RETRIEVAL_MONITOR_" + attribute[:-3].upper()
+            assert SETTINGS[attribute[:-3]] == attribute
+    assert not [name for name in SETTINGS if name.endswith("_ms")]
+    flags = {a.option_strings[0] for a in _parser_actions() if a.option_strings}
+    assert {"--window", "--attribution-window", "--regression-drift-period"} <= flags
+    assert not [flag for flag in flags if flag.endswith("-ms")]
+
+
+def _parser_actions() -> list[argparse.Action]:
+    parser = argparse.ArgumentParser()
+    add_settings_flags(parser)
+    return parser._actions
+
+
+def test_an_ms_name_is_not_read_from_the_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RETRIEVAL_MONITOR_WINDOW_MS", "1m")
+    monkeypatch.setenv("WINDOW", "2m")
+    assert load_settings().window_ms == 5 * 60_000
+
+
+def test_the_default_settings_build_the_cores_default_config() -> None:
+    """The core's configs own the defaults: the settings take theirs from them."""
+    assert monitor_config(load_settings()) == MonitorConfig()
+
+
+def test_the_detectors_own_checks_name_the_setting() -> None:
+    cases = {
+        "regression_alpha": 0.0,
+        "regression_tau": 1.0,
+        "regression_min_effect": -0.1,
+        "regression_min_labelled": 1,
+        "regression_drift_budget": 101,
+        "regression_drift_period": "2d",
+        "regression_candidate": "0s",
+    }
+    for name, value in cases.items():
+        with pytest.raises(ConfigError) as caught:
+            load_settings({name: value})
+        flag = "--" + name.replace("_", "-")
+        assert f"{flag} (RETRIEVAL_MONITOR_{name.upper()})" in str(caught.value)
+    assert load_settings({"regression_drift_budget": 100}).regression_drift_budget == 100
