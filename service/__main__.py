@@ -2,6 +2,6 @@
 
 import sys
 
-from service.cli import main
+from service.commands.cli import main
 
 sys.exit(main())

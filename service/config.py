@@ -8,7 +8,7 @@ the contract's name (``window``, ``--window``, ``RETRIEVAL_MONITOR_WINDOW``).
 Each setting the core uses takes its default from the core's config
 (:class:`~service.stream.join_state.JoinConfig`,
 :class:`~service.stream.pipeline.PipelineConfig`,
-:class:`~service.detect.model.DetectorConfig`, :class:`~service.monitor.MonitorConfig`),
+:class:`~service.detect.model.DetectorConfig`, :class:`~service.core.monitor.MonitorConfig`),
 and the detector's settings are checked by ``DetectorConfig`` itself:
 :func:`monitor_config` builds the core's config from the settings, once, when they are
 loaded. The settings of the Kafka and HTTP edges have their defaults and checks here.
@@ -25,10 +25,10 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.core.monitor import MonitorConfig
 from service.detect.model import DetectorConfig
 from service.errors import ConfigError
 from service.metrics.ir import metric_keys
-from service.monitor import MonitorConfig
 from service.setting_values import (
     ENV_PREFIX,
     Cutoffs,

@@ -18,8 +18,8 @@ from itertools import count
 from operator import itemgetter
 from typing import TYPE_CHECKING, TextIO
 
+from service.core.monitor import Monitor, MonitorConfig
 from service.errors import EventError
-from service.monitor import Monitor, MonitorConfig
 from service.offline.files import open_input
 from service.replay_lines import (
     FeedbackLine,

@@ -43,7 +43,7 @@ from service.broker import compat
 from service.broker.failpoints import failpoint
 from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
 from service.broker.publisher import CommitError, Publisher
-from service.state import ServiceState
+from service.core.state import ServiceState
 from service.stream.offsets import restart_from
 from service.stream.topics import TOPICS, Topic
 from service.stream.windows import ClosedWindow

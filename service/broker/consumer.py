@@ -30,9 +30,9 @@ from service.broker.commits import CommitProtocol
 from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
 from service.config import Settings
+from service.core.state import ServiceState
 from service.errors import ConfigError, EventError
 from service.mapping.mapper import load_mapper
-from service.state import ServiceState
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
 from service.stream.prepared import Record

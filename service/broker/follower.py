@@ -7,7 +7,7 @@ back *all* of it, whoever wrote it:
 
 1. the window records of every partition of the windows topic (``read_committed``, the
    last record per key: every record of a key is identical), into the replica's
-   :class:`~service.monitor.WindowView`;
+   :class:`~service.core.monitor.WindowView`;
 2. every ``interval``, the group's committed offsets of both input topics (an admin
    OffsetFetch, which reads committed transactions only), whose markers say how far
    each input partition's windows are complete;
@@ -34,7 +34,7 @@ from kafka.errors import KafkaError
 
 from service.broker import compat
 from service.broker.waits import METADATA_WAIT_MS
-from service.state import ServiceState
+from service.core.state import ServiceState
 from service.stream.offsets import decode_metadata
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow

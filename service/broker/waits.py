@@ -2,7 +2,7 @@
 
 While the broker is away a turn of the loop may wait as long as these; ``/healthz``
 stays 200 inside a declared wait for its bound plus the staleness allowance
-(:mod:`service.liveness`), and the Kubernetes liveness probe need only allow that
+(:mod:`service.http.health`), and the Kubernetes liveness probe need only allow that
 allowance (a test holds ``deploy/kubernetes`` against :func:`longest_wait_ms`).
 """
 

@@ -1,6 +1,6 @@
 """HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows.
 
-Built by an app factory around a :class:`~service.state.ServiceState`; handlers read
+Built by an app factory around a :class:`~service.core.state.ServiceState`; handlers read
 the pipeline under its lock and copy what they need, so a slow client never holds the
 processing loop. Bad query parameters get a 422 with a message, never a 500.
 ``/metrics`` is prometheus_client's own exposition: the text format, or OpenMetrics
@@ -20,12 +20,12 @@ from prometheus_client.exposition import choose_encoder, gzip_accepted
 from pydantic import BaseModel
 
 from service import __version__
+from service.core.state import ServiceState
 from service.http.deps import State, span_ms
 from service.http.exporter import build_registry
+from service.http.health import broker_unready, liveness
 from service.http.regressions import router as regressions_router
-from service.liveness import broker_unready, liveness
 from service.metrics.aggregates import Moments
-from service.state import ServiceState
 from service.stream.windows import SliceTotals
 from service.times import duration_label as span_label
 from service.times import parse_aware_ms, rfc3339

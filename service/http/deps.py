@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
-from service.state import ServiceState
+from service.core.state import ServiceState
 from service.times import parse_duration_ms
 
 MAX_SPAN_MS = 366 * 86_400_000

@@ -18,8 +18,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from service.core.state import ServiceState
 from service.metrics.aggregates import SCALE
-from service.state import ServiceState
 from service.stream.topics import TOPICS, Topic
 from service.times import duration_label
 

@@ -56,7 +56,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from service.monitor import Monitor, MonitorConfig
+from service.core.monitor import Monitor, MonitorConfig
 from service.sim.shape import TrafficShape
 from service.sim.simulator import HYBRID_V7, SimulationConfig, generate
 from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from

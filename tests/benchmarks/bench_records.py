@@ -40,7 +40,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 from kafka.structs import TopicPartition
 
 from service.broker.records import LeanPartitionRecords
-from service.runtime import tune_gc
+from service.commands.runtime import tune_gc
 from service.sim.simulator import generate
 
 FETCH_BYTES = 1 << 20

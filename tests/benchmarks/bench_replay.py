@@ -131,9 +131,9 @@ def run_variant(
                     decode_line(raw)
                     n += 1
     else:
+        from service.core.monitor import MonitorConfig
         from service.mapping.mapper import Mapper
         from service.mapping.spec import load_mapping
-        from service.monitor import MonitorConfig
         from service.replay import replay
         from service.stream.windows import ClosedWindow
 
@@ -161,7 +161,7 @@ def profile(path: Path, now_ms: int, top: int = 20) -> None:
     import cProfile
     import pstats
 
-    from service.monitor import MonitorConfig
+    from service.core.monitor import MonitorConfig
     from service.replay import replay
 
     profiler = cProfile.Profile()
@@ -182,7 +182,7 @@ def breakdown(path: Path, now_ms: int) -> dict[str, float]:
     from service.stream.pipeline import Pipeline
 
     try:  # (absent in a tree from before issue 16, measured for the "before" figures)
-        from service.runtime import tune_gc
+        from service.commands.runtime import tune_gc
 
         tune_gc()
     except ImportError:

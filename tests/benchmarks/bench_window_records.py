@@ -33,7 +33,7 @@ import bench_replay  # (this directory: the same simulated traffic)
 import orjson
 
 from service.broker.follower import decode_windows
-from service.monitor import Monitor, MonitorConfig
+from service.core.monitor import Monitor, MonitorConfig
 from service.replay import replay
 from service.sim.simulator import generate
 from service.stream.windows import ClosedWindow

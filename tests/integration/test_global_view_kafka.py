@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from service.monitor import MonitorConfig
+from service.core.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import SimEvent, generate, write_jsonl
 from service.times import HOUR_MS, MINUTE_MS, parse_aware_ms, rfc3339

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from service.cli import main
+from service.commands.cli import main
 from service.sim.simulator import write_jsonl
 from tests import foreign_shapes as shapes
 from tests.integration.kafka_helpers import (

@@ -127,7 +127,7 @@ def test_simulate_to_kafka_then_run(topics: Topics, tmp_path: Path) -> None:
     """The CLI path: `simulate --kafka` keys by query id with Kafka's own partitioner."""
     from kafka.partitioner.default import murmur2
 
-    from service.cli import main
+    from service.commands.cli import main
 
     env = {
         "--kafka-bootstrap-servers": topics.env()["RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS"],

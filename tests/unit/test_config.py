@@ -15,8 +15,8 @@ from service.config import (
     parse_duration_ms,
     settings_from_args,
 )
+from service.core.monitor import MonitorConfig
 from service.errors import ConfigError
-from service.monitor import MonitorConfig
 
 
 def test_defaults_are_the_contract_values_in_milliseconds() -> None:

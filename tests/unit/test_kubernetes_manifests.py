@@ -15,11 +15,11 @@ import yaml
 
 from service.broker import waits
 from service.broker.publisher import TRANSACTION_WAIT_MS
-from service.cli import build_parser
+from service.commands.cli import build_parser
 from service.config import ENV_PREFIX, SETTINGS, Settings
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.http.app import create_app
-from service.monitor import Monitor, MonitorConfig
-from service.state import ServiceState
 from service.times import parse_duration_ms
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,7 +132,7 @@ def test_a_broker_outage_does_not_restart_the_pod_but_a_stuck_loop_does(
     kinds: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``/healthz`` stays 200 inside every declared broker wait for its bound
-    (tests/unit/test_liveness.py), so the probe need only outlast a slow turn of the
+    (tests/unit/http/test_health.py), so the probe need only outlast a slow turn of the
     loop outside one; a loop stuck past the longest bound is still restarted soon."""
     for name, value in _env(kinds).items():
         monkeypatch.setenv(name, value)

@@ -11,9 +11,9 @@ import pytest
 
 from service import replay as replay_module
 from service import replay_reader
-from service.cli import main
+from service.commands.cli import main
+from service.core.monitor import MonitorConfig
 from service.errors import InputFileError
-from service.monitor import MonitorConfig
 from service.replay import replay
 from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
 from service.stream.reference import evaluate_event_log

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import main
-from service.monitor import MonitorConfig
+from service.commands.cli import main
+from service.core.monitor import MonitorConfig
 from service.replay import replay
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow

@@ -12,11 +12,11 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.broker.follower import decode_windows
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.detect.model import DetectorConfig
 from service.http.app import create_app
 from service.metrics.ir import metric_keys
-from service.monitor import Monitor, MonitorConfig
-from service.state import ServiceState
 from tests.unit.samples import T0, W
 from tests.unit.samples import window as _window
 

@@ -22,8 +22,8 @@ from kafka.structs import OffsetAndMetadata, TopicPartition
 from service.broker.commits import CommitProtocol
 from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
 from service.broker.publisher import TransactionalPublisher
-from service.monitor import Monitor, MonitorConfig
-from service.state import ServiceState
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from tests.unit.broker.fakes import (
     TOPIC_NAMES,
     WINDOWS_TOPIC,

@@ -24,9 +24,9 @@ from kafka.structs import TopicPartition
 
 from service.broker.commits import CommitProtocol
 from service.broker.publisher import AtLeastOncePublisher, Publisher, TransactionalPublisher
-from service.monitor import Monitor, MonitorConfig
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.sim.simulator import SimulationConfig, encode, generate
-from service.state import ServiceState
 from service.stream.counters import Counts
 from service.stream.events import (
     FeedbackEvent,

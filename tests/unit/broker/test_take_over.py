@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from service.broker.commits import CommitProtocol
 from service.broker.publisher import AtLeastOncePublisher
-from service.monitor import Monitor, MonitorConfig
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.sim.simulator import HOUR_MS
-from service.state import ServiceState
 from service.stream.events import QueryEvent
 from service.stream.join_state import JoinConfig
 from service.stream.pipeline import PipelineConfig

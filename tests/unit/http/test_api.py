@@ -9,9 +9,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.http.app import create_app
 from service.metrics.aggregates import SCALE, merge
-from service.monitor import Monitor, MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -20,7 +21,6 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.state import ServiceState
 from service.stream.events import query_from
 from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow

@@ -17,8 +17,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
+from service.core.monitor import MonitorConfig
+from service.core.state import ServiceState
 from service.http.app import create_app
-from service.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -27,7 +28,6 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.state import ServiceState
 from service.times import HOUR_MS
 
 START = 1_796_083_200_000

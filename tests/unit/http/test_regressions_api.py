@@ -10,10 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.cli import main
+from service.commands.cli import main
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.detect.detector import Detector
 from service.http.app import create_app
-from service.monitor import Monitor, MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     HYBRID_V7,
@@ -22,7 +23,6 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
-from service.state import ServiceState
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.reference import evaluate_event_log

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
+from service.commands.cli import main
 from service.mapping.check import check_records
 from service.mapping.spec import load_mapping
 from service.stream.topics import FEEDBACK, QUERIES

@@ -12,10 +12,10 @@ import pytest
 import yaml
 from hypothesis import given, settings
 
+from service.core.monitor import MonitorConfig
 from service.errors import ConfigError, EventError
 from service.mapping.mapper import Mapper
 from service.mapping.spec import InputMapping, load_mapping, parse_mapping
-from service.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import SimEvent, SimulationConfig, generate, write_jsonl
 from service.stream.events import feedback_from, query_from

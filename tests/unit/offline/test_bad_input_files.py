@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli import EXIT_BAD_INPUT, main
+from service.commands.cli import EXIT_BAD_INPUT, main
 
 GOOD_QRELS = (
     '{"query_id": "q1", "relevant": {"a": 2}}\n{"query_id": "q2", "relevant_chunk_ids": ["b"]}\n'

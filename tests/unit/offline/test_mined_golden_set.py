@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
+from service.commands.cli import main
 from service.metrics.aggregates import merge
 from service.offline.mine import Labelled, mine, normalise, set_version
 from service.stream.windows import ClosedWindow

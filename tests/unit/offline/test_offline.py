@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.cli import main
+from service.commands.cli import main
 from service.errors import ConfigError
 from service.offline.files import Run, load_judgments, load_run
 from service.offline.golden import compare, evaluate, evaluate_retriever

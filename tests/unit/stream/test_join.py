@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.core.monitor import MonitorConfig
 from service.errors import EventError
 from service.metrics.aggregates import Moments
-from service.monitor import MonitorConfig
 from service.replay import replay
 from service.sim.simulator import (
     SimEvent,

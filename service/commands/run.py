@@ -8,10 +8,10 @@ import threading
 from service.broker.consumer import KafkaEdge
 from service.broker.follower import WindowFollower
 from service.config import Settings, monitor_config
+from service.core.monitor import Monitor
+from service.core.state import ServiceState
 from service.http.app import create_app
 from service.http.server import configure_logging, serve_http, stop_on_signals
-from service.monitor import Monitor
-from service.state import ServiceState
 from service.times import wall_ms
 
 log = logging.getLogger("retrieval_monitor")

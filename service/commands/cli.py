@@ -20,17 +20,17 @@ from typing import Any
 import orjson
 
 from service import __version__
-from service.config import add_settings_flags, monitor_config, settings_from_args
-from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
-from service.metrics.ir import metric_keys
-from service.offline_commands import (
+from service.commands.offline import (
     OFFLINE_HANDLERS,
     add_offline_commands,
     positive_int,
     print_json,
 )
+from service.commands.runtime import tune_gc
+from service.config import add_settings_flags, monitor_config, settings_from_args
+from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
+from service.metrics.ir import metric_keys
 from service.replay import replay
-from service.runtime import tune_gc
 from service.sim.simulator import (
     HYBRID_V7,
     HYBRID_V8,
@@ -170,13 +170,13 @@ def _add_streaming_commands(commands: Any) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from service.run import run_service  # noqa: PLC0415 - Kafka, only for the commands that use it
+    from service.commands.run import run_service  # noqa: PLC0415 - Kafka, only for the commands that use it
 
     return run_service(settings_from_args(args))
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from service.demo import DemoOptions, run_demo  # noqa: PLC0415 - the HTTP app, the console
+    from service.commands.demo import DemoOptions, run_demo  # noqa: PLC0415 - the HTTP app, the console
 
     settings = settings_from_args(args)
     if not 0 <= args.deploy_at <= args.hours:
@@ -284,7 +284,7 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _check_input(args: argparse.Namespace) -> int:
-    from service.check_input import check_input  # noqa: PLC0415 - the mapping's models
+    from service.commands.check_input import check_input  # noqa: PLC0415 - the mapping's models
 
     settings = settings_from_args(args)
     report = check_input(settings, args.files, args.kafka, args.sample)
@@ -307,7 +307,7 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 
 LONG_RUNNING = ("run", "replay", "demo")
-"""Commands whose state is millions of objects (see :mod:`service.runtime`)."""
+"""Commands whose state is millions of objects (see :mod:`service.commands.runtime`)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,12 +18,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import ServiceState
 from service.http.app import create_app
 from service.http.server import serve_http, stop_on_signals
 from service.metrics.aggregates import merge
-from service.monitor import Monitor, MonitorConfig
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
-from service.state import ServiceState
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.topics import FEEDBACK, QUERIES

@@ -1,14 +1,14 @@
-"""Liveness about the process, readiness about the broker (service/liveness.py), through
+"""Liveness about the process, readiness about the broker (service/http/health.py), through
 the HTTP routes with an injected clock."""
 
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
+from service.core.monitor import Monitor, MonitorConfig
+from service.core.state import BrokerWait, ServiceState
 from service.http.app import create_app
-from service.liveness import SLOW_WAIT_MS, BrokerWait, broker_unready, liveness
-from service.monitor import Monitor, MonitorConfig
-from service.state import ServiceState
+from service.http.health import SLOW_WAIT_MS, broker_unready, liveness
 
 T0 = 1_800_000_000_000
 STALE = 30_000

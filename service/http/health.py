@@ -5,35 +5,23 @@ poll, a transactional request, a producer replaced, committed offsets fetched), 
 while the broker is away such a wait lasts as long as its bound. A liveness probe that
 failed then would restart every replica during one broker outage, which turns one
 incident into two. So every broker wait the loop makes is declared with its bound
-(:class:`BrokerWait`): while a declared wait is within its bound (plus the staleness
-allowance) the process is alive; past it, the loop is stuck (a bug: restart). Readiness
-says whether this replica can do its work: 503 ``broker unreachable since ...`` while no
-broker connection is up or a wait has lasted longer than :data:`SLOW_WAIT_MS`.
+(:class:`~service.core.state.BrokerWait`): while a declared wait is within its bound
+(plus the staleness allowance) the process is alive; past it, the loop is stuck (a bug:
+restart). Readiness says whether this replica can do its work: 503 ``broker unreachable
+since ...`` while no broker connection is up or a wait has lasted longer than
+:data:`SLOW_WAIT_MS`.
 
 Pure functions of the state and a clock, so that the rules are tested without a broker.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from service.core.state import BrokerWait
 from service.times import rfc3339
-
-BROKER_CALLS = ("poll", "commit", "rebuild", "lag")
-"""The broker waits the consumer loop declares."""
 
 SLOW_WAIT_MS = 5_000
 """A broker wait longer than this makes the replica unready (the broker is not
 answering), although the process stays alive for the wait's whole bound."""
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerWait:
-    """The broker call the loop is inside: what, since when and its bound (wall ms)."""
-
-    what: str
-    since_ms: int
-    limit_ms: int
 
 
 def liveness(

@@ -1,58 +1,30 @@
-"""The composition root of the pure core: the pipeline, and the view of its windows.
+"""The view of closed windows that the API, the rolling and the regression series read.
 
-The stream core (:mod:`service.stream`) turns records into closed windows and never
-imports the detector; detection (:mod:`service.detect`) consumes closed windows. A
-:class:`Monitor` wires the two through a :class:`WindowView`, which keeps the rolling
-views and the listing (merged over partitions, each window once) and runs the detector
-at every boundary up to which all windows have closed: fed by the pipeline's confirmed
-windows in one process (``demo``, ``replay``), by the windows topic and the group's
-progress in ``run`` (every replica: the global view). The HTTP API and the rolling and
-regression series read the view. ``run``, ``demo``,
-``replay`` and the tests build the same Monitor, so they reach the same verdicts on the
-same events.
+Merged over partitions, each window once, it keeps the rolling views and the listing and
+runs the detector at every boundary up to which all windows have closed. *Local*
+(``demo``, ``replay``): fed by the pipeline's confirmed windows, its boundary the one the
+pipeline's partitions have closed. *Global* (``run``, every replica alike): fed by the
+windows topic and the progress every input partition committed, its boundary the
+smallest progress, a stalled partition left out after a while.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
 
 from service.detect.detector import Detector
-from service.detect.model import DetectorConfig
-from service.metrics.ir import metric_keys
-from service.stream.counters import Counts
-from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows, WindowIdent
-from service.times import HOUR_MS, duration_field
 
 
-@dataclass(frozen=True, slots=True)
-class MonitorConfig:
-    """The core's parameters: the pipeline's and the detector's (milliseconds).
+class ViewMode(enum.Enum):
+    """How a :class:`WindowView` is fed."""
 
-    The detector is given the pipeline's window, attribution window and metric keys here,
-    once (whether built from the settings, :func:`service.config.monitor_config`, or by
-    hand)."""
-
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    detector: DetectorConfig = field(default_factory=DetectorConfig)
-    progress_stall_ms: int = duration_field("15m")
-    """A partition whose progress has not moved for this long (wall clock) while others
-    moved is left out of the global boundary (``--progress-stall``)."""
-
-    def __post_init__(self) -> None:
-        # the detector reads the pipeline's windows: their width, attribution and metrics
-        join = self.pipeline.join
-        keys = metric_keys(self.pipeline.ks)
-        watched = tuple(m for m in self.detector.metrics if m in keys) or ("mrr",)
-        fitted = replace(
-            self.detector,
-            window_ms=join.window_ms,
-            attribution_ms=join.attribution_ms,
-            metrics=watched,
-        )
-        object.__setattr__(self, "detector", fitted)
+    LOCAL = "local"
+    """The pipeline of this process (``demo``, ``replay``, the tests)."""
+    GLOBAL = "global"
+    """The windows topic and the group's progress (``run``)."""
 
 
 class WindowView:
@@ -72,15 +44,20 @@ class WindowView:
         window_ms: int,
         rolling_ms: tuple[int, ...],
         detector: Detector,
-        watermark_ms: Callable[[], int | None] | None = None,
+        mode: ViewMode,
         *,
+        watermark_ms: Callable[[], int | None] | None = None,
         attribution_ms: int = 0,
         stall_ms: int,
     ) -> None:
+        if (mode is ViewMode.LOCAL) != (watermark_ms is not None):
+            raise ValueError("a local view needs the pipeline's watermark, a global one none")
+        self.mode = mode
         self.closed = ClosedWindows(window_ms, max(rolling_ms))
         self.rolling_ms = rolling_ms
         self.detector = detector
         self._watermark_ms = watermark_ms
+        """Local mode: the pipeline's watermark (where the rolling views end)."""
         self.attribution_ms = attribution_ms
         self.stall_ms = stall_ms
         self.progress: dict[int, int] = {}
@@ -102,7 +79,7 @@ class WindowView:
     @property
     def is_global(self) -> bool:
         """Fed from the windows topic and the group's progress (``run``)."""
-        return self._watermark_ms is None
+        return self.mode is ViewMode.GLOBAL
 
     @property
     def watermark_ms(self) -> int | None:
@@ -162,38 +139,3 @@ class WindowView:
     def advance(self, closed_through_ms: int) -> object:
         """Every window ending at or before ``closed_through_ms`` is in: run the detector."""
         return self.detector.advance(closed_through_ms)
-
-
-class Monitor:
-    """The pipeline of one process and the view of its windows."""
-
-    def __init__(
-        self,
-        config: MonitorConfig,
-        now_ms: Callable[[], int],
-        counts: Counts | None = None,
-        keep_opened: int | None = 10_000,
-        *,
-        global_view: bool = False,
-    ) -> None:
-        self.config = config
-        self.pipeline = Pipeline(config.pipeline, now_ms, counts)
-        join = config.pipeline.join
-        self.detector = Detector(config.detector, keep_opened=keep_opened)
-        self.view = WindowView(
-            join.window_ms,
-            config.pipeline.rolling_ms,
-            self.detector,
-            None if global_view else lambda: self.pipeline.watermark_ms,
-            attribution_ms=join.attribution_ms,
-            stall_ms=config.progress_stall_ms,
-        )
-        if not global_view:  # in run, the follower feeds the view from the topic
-            self.pipeline.sinks.append(self.view)
-
-    @property
-    def history_ms(self) -> int:
-        """How much published history the rolling views and the detector use (plus slack)."""
-        d = self.detector.config
-        reach = d.reach_ms + d.window_ms
-        return max(reach, *self.config.pipeline.rolling_ms) + 2 * d.attribution_ms + HOUR_MS

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from service.core.monitor import Monitor, MonitorConfig
 from service.detect.model import DetectorConfig
-from service.monitor import Monitor, MonitorConfig
 from tests.unit.samples import T0, W
 from tests.unit.samples import window as _window
 

@@ -12,10 +12,22 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from service.core.monitor import Monitor
+from service.core.view import WindowView
 from service.detect.detector import Detector
-from service.liveness import BROKER_CALLS, BrokerWait
-from service.monitor import Monitor, WindowView
 from service.stream.pipeline import Pipeline
+
+BROKER_CALLS = ("poll", "commit", "rebuild", "lag")
+"""The broker waits the consumer loop declares."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerWait:
+    """The broker call the loop is inside: what, since when and its bound (wall ms)."""
+
+    what: str
+    since_ms: int
+    limit_ms: int
 
 
 @dataclass(slots=True)
@@ -89,7 +101,7 @@ class ServiceState:
     @contextmanager
     def waiting_on_broker(self, what: str, limit_ms: int) -> Iterator[None]:
         """Declare a broker call bounded by ``limit_ms``: the process is alive inside it
-        for that long (see :mod:`service.liveness`). Nested calls count in the outer one."""
+        for that long (see :mod:`service.http.health`). Nested calls count in the outer one."""
         health = self.health
         if health.wait is not None:
             yield

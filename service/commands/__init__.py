@@ -1,0 +1,1 @@
+"""The commands: the command line (``cli.py``) and what each command runs."""
