@@ -26,6 +26,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sim": {"sim", "errors", "times"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
     "mapping": {"mapping", "stream", "errors"},
+    "replay": {"replay", "monitor", "stream", "offline", "mapping", "errors", "times"},
 }
 MAX_LINES = 400
 

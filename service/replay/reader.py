@@ -4,7 +4,7 @@ halves of its work side by side.
 
 The reader is forked (so that it shares this process's ``hash`` of a string, which the
 join keeps chunk ids as) and sends, in input order, one item per chunk of lines
-(:func:`service.replay_lines.chunks`): the chunk's events, lean (what the join reads,
+(:func:`service.replay.lines.chunks`): the chunk's events, lean (what the join reads,
 each query's chunk ids already hashed and packed), when every line of it decodes; or its
 raw lines, which this process then reads one by one as it would without a reader (a
 blank, oversized or bad line, found and reported there). Items are msgpack and the pipe
@@ -31,7 +31,7 @@ except ImportError:  # (not on Windows, where there is no fork either)
 
 from service.errors import InputFileError
 from service.offline.files import open_input
-from service.replay_lines import MAX_LINE_BYTES, chunks, decode_whole
+from service.replay.lines import MAX_LINE_BYTES, chunks, decode_whole
 from service.stream.events import FeedbackEvent, QueryEvent
 from service.stream.prepared import prepare
 
