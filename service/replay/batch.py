@@ -33,8 +33,8 @@ in the file."""
 @dataclass(slots=True)
 class Batch:
     """The valid events read since the batch was last taken (taken by the pipeline as one
-    batch, in file order, with their ``take.prepare`` columns already made: ``bodies``
-    to ``levels``) and the bad lines among them, each with its place in the input.
+    batch, in file order, with their ``columns`` already made) and the bad lines among
+    them, each with its place in the input.
 
     Places are kept as runs of consecutive lines: ``runs[i]`` is (position in
     ``events``, place) of the first event of a run, so that a chunk of lines that all
@@ -45,11 +45,7 @@ class Batch:
     errors_to: TextIO
     max_errors_shown: int
     events: list[Record] = field(default_factory=list)
-    bodies: list[bytes] = field(default_factory=list)
-    repeats: set[int] = field(default_factory=set)
-    keys: list[bytes] = field(default_factory=list)
-    chunks: list[int] = field(default_factory=list)
-    levels: list[int] = field(default_factory=list)
+    columns: Prepared = field(default_factory=Prepared.empty)
     runs: list[tuple[int, Place]] = field(default_factory=list)
     problems: list[tuple[Place, EventError]] = field(default_factory=list)
 
@@ -58,24 +54,13 @@ class Batch:
         start, (line, path, number) = self.runs[bisect_right(self.runs, (at, _LAST)) - 1]
         return line + at - start, path, number + at - start
 
-    def add_prepared(self, prepared: Prepared) -> None:
-        """Note the ``take.prepare`` columns of the next events."""
-        base = len(self.bodies)
-        self.bodies += prepared.bodies
-        self.repeats.update(base + position for position in prepared.repeats)
-        self.keys += prepared.keys
-        self.chunks += prepared.chunks
-        self.levels += prepared.levels
-
     def take(self) -> None:
         """Hand the events to the pipeline; report every bad line, in input order."""
-        columns = Prepared(self.bodies, self.repeats, self.keys, self.chunks, self.levels)
-        failures = self.pipeline.take(0, self.events, columns)
+        failures = self.pipeline.take(0, self.events, self.columns)
         for at, failure in failures:
             self.problems.append((self.place(at), failure))
         self.events.clear()
-        for column in columns:
-            column.clear()
+        self.columns.clear()
         self.runs.clear()
         self.report_problems()
 

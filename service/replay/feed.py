@@ -21,7 +21,7 @@ from service.replay.lines import (
 )
 from service.replay.reader import LeanQuery, Raw, Reader
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.prepared import Prepared, prepare
+from service.stream.prepared import prepare
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 
@@ -64,7 +64,7 @@ class Feed:
                 if events is None:
                     self._lines(path, first, chunk)
                     continue
-                self.pending.add_prepared(prepare(events, self.grade))
+                self.pending.columns.extend(prepare(events, self.grade))
                 size = sum(map(len, chunk))
                 self._whole(path, first, events, QueryEvent, lines=len(chunk), size=size)
 
@@ -76,9 +76,7 @@ class Feed:
                 if isinstance(item, Raw):
                     self._lines(path, item.first, item.lines)
                     continue
-                self.pending.add_prepared(
-                    Prepared(item.bodies, set(item.repeats), item.keys, item.chunks, item.levels)
-                )
+                self.pending.columns.extend(item.prepared)
                 self._whole(
                     path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
                 )
@@ -138,7 +136,7 @@ class Feed:
                 offsets[line] += 1
             else:
                 topic = QUERIES if isinstance(line, QueryLine) else FEEDBACK
-                pending.add_prepared(prepare([line.event], self.grade))
+                pending.columns.extend(prepare([line.event], self.grade))
                 pending.runs.append((len(pending.events), (report.lines, path, number)))
                 pending.events.append((topic, offsets[topic], line.event))
                 offsets[topic] += 1
