@@ -10,7 +10,7 @@ from service.errors import ConfigError
 from service.mapping.check import InputCheck, check_records
 from service.mapping.spec import load_mapping
 from service.offline.files import jsonl_lines
-from service.replay_lines import LineError, split_line
+from service.replay.lines import LineError, split_line
 from service.stream.topics import Topic
 
 

@@ -1,6 +1,7 @@
 """What the join takes of a batch that does not depend on its state, made before the
 per-record loop: the :class:`Prepared` columns (one declaration, used by the join, by
-``replay``'s reader process, which makes them while the main process joins, and by the
+``replay``, which gathers a batch's columns as it reads, and by its reader process,
+which makes them while the main process joins and sends them as they are, and by the
 Kafka consumer through :meth:`Pipeline.take`)."""
 
 from __future__ import annotations
@@ -28,6 +29,26 @@ class Prepared(NamedTuple):
     keys: list[bytes]
     chunks: list[int]
     levels: list[int]
+
+    @classmethod
+    def empty(cls) -> Prepared:
+        """Columns of no event (to be extended)."""
+        return cls([], set(), [], [], [])
+
+    def extend(self, more: Prepared) -> None:
+        """Append the columns of the events that follow these (``replay`` gathers a
+        batch's columns a chunk at a time)."""
+        base = len(self.bodies)
+        self.bodies.extend(more.bodies)
+        self.repeats.update(base + position for position in more.repeats)
+        self.keys.extend(more.keys)
+        self.chunks.extend(more.chunks)
+        self.levels.extend(more.levels)
+
+    def clear(self) -> None:
+        """Empty every column (once the batch was taken)."""
+        for column in self:
+            column.clear()
 
 
 def prepare(

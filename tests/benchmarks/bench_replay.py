@@ -5,7 +5,7 @@ query, a deploy half-way) into a temporary directory. Each variant runs in its o
 subprocess over that file, interleaved, ``--repeat`` times:
 
 * ``bare``: read the lines and ``orjson.loads`` each (the floor for any Python consumer);
-* ``validate``: ``service.replay_lines.decode_line`` on each line and nothing else (msgspec
+* ``validate``: ``service.replay.lines.decode_line`` on each line and nothing else (msgspec
   validation of the tagged union), to show how much of the time validation takes;
 * ``replay``: ``service.replay.replay`` with the default ``PipelineConfig`` (and its
   reader process where there are two cores): validation,
@@ -121,7 +121,7 @@ def run_variant(
                     orjson.loads(raw)
                     n += 1
     elif variant == "validate":
-        from service.replay_lines import decode_line
+        from service.replay.lines import decode_line
 
         start = time.perf_counter()
         n = 0

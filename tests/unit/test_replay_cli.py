@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from service import replay as replay_module
-from service import replay_reader
 from service.commands.cli import main
 from service.core.monitor import MonitorConfig
 from service.errors import InputFileError
-from service.replay import replay
+from service.replay import feed, replay
+from service.replay import reader as replay_reader
 from service.stream.events import FeedbackEvent, QueryEvent, feedback_from, query_from
 from service.stream.reference import evaluate_event_log
 from service.stream.windows import ClosedWindow
@@ -105,8 +104,8 @@ def test_bad_lines_are_reported_in_input_order_across_kinds_and_files(
     not decode (found as read) are reported in input order, the limit counting in that
     order too, and the good lines between them are replayed; so too when the batches
     are cut every two lines, or after every event (a byte budget of one)."""
-    monkeypatch.setattr("service.replay.ADVANCE_EVERY", advance_every)
-    monkeypatch.setattr("service.replay.BATCH_BYTES", batch_bytes)
+    monkeypatch.setattr("service.replay.feed.ADVANCE_EVERY", advance_every)
+    monkeypatch.setattr("service.replay.feed.BATCH_BYTES", batch_bytes)
     first = [
         _query_line("ok-1", NOW_S),
         _query_line("future", NOW_S + DAY_S),
@@ -215,10 +214,10 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
         for at, (_, reason) in [*specials.items(), (len(lines) - 1, (b"", "future_timestamp"))]
         if reason is not None
     ]
-    monkeypatch.setattr("service.replay.ADVANCE_EVERY", advance_every)
-    monkeypatch.setattr("service.replay.READ_BYTES", read_bytes)
+    monkeypatch.setattr("service.replay.feed.ADVANCE_EVERY", advance_every)
+    monkeypatch.setattr("service.replay.feed.READ_BYTES", read_bytes)
 
-    whole = replay_module.decode_whole
+    whole = feed.decode_whole
     taken_whole: list[int] = []
 
     def counted(chunk: list[bytes]) -> object:
@@ -226,7 +225,7 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
         taken_whole.append(0 if events is None else len(chunk))
         return events
 
-    monkeypatch.setattr(replay_module, "decode_whole", counted)
+    monkeypatch.setattr(feed, "decode_whole", counted)
     chunked_errors = io.StringIO()
     chunked = _replayed(paths, chunked_errors, reader=False)
     iterate = replay_reader.Reader.__iter__
@@ -240,7 +239,7 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
     monkeypatch.setattr(replay_reader.Reader, "__iter__", noted)
     from_reader_errors = io.StringIO()
     from_reader = _replayed(paths, from_reader_errors, reader=True)
-    monkeypatch.setattr(replay_module, "decode_whole", lambda _: None)
+    monkeypatch.setattr(feed, "decode_whole", lambda _: None)
     by_line_errors = io.StringIO()
     by_line = _replayed(paths, by_line_errors, reader=False)
 

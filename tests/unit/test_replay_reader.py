@@ -93,7 +93,7 @@ def test_the_reader_ends_once_the_replay_is_gone(events: Path, tmp_path: Path) -
     big.write_bytes(events.read_bytes() * 4)  # (more than the pipe holds)
     script = (
         "import os, sys\n"
-        "from service.replay_reader import Reader\n"
+        "from service.replay.reader import Reader\n"
         "from service.stream.labels import LabelPolicy\n"
         "reader = Reader([sys.argv[1]], 1 << 20, 8192, LabelPolicy().grade)\n"
         "print(reader._process.pid, flush=True)\n"

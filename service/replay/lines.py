@@ -1,6 +1,6 @@
 """Replay lines: ``{"topic": "queries" | "feedback", "event": {...}}``, decoded and
 validated in one pass (a tagged union keyed by ``topic``), one by one or a chunk at a
-time, and the chunks a file is read in (``replay.py`` and its reader process).
+time, and the chunks a file is read in (``replay`` and its reader process).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ halves of its work side by side.
 
 The reader is forked (so that it shares this process's ``hash`` of a string, which the
 join keeps chunk ids as) and sends, in input order, one item per chunk of lines
-(:func:`service.replay_lines.chunks`): the chunk's events, lean (what the join reads,
+(:func:`service.replay.lines.chunks`): the chunk's events, lean (what the join reads,
 each query's chunk ids already hashed and packed), when every line of it decodes; or its
 raw lines, which this process then reads one by one as it would without a reader (a
 blank, oversized or bad line, found and reported there). Items are msgpack and the pipe
@@ -31,9 +31,9 @@ except ImportError:  # (not on Windows, where there is no fork either)
 
 from service.errors import InputFileError
 from service.offline.files import open_input
-from service.replay_lines import MAX_LINE_BYTES, chunks, decode_whole
+from service.replay.lines import MAX_LINE_BYTES, chunks, decode_whole
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.prepared import prepare
+from service.stream.prepared import Prepared, prepare
 
 
 class LeanQuery(Struct, array_like=True, tag=0, gc=False):
@@ -55,19 +55,15 @@ class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
 
 class Decoded(Struct, array_like=True, tag="decoded"):
     """A chunk whose lines all decoded: its file (an index into the paths: a path need
-    not be text), its first line, its size, its events, and their ``take.prepare``
-    columns."""
+    not be text), its first line, its size, its events, and their columns (``prepare``'s,
+    sent as they are: an array of arrays)."""
 
     file: int
     first: int
     lines: int
     size: int
     events: list[LeanQuery | LeanFeedback]
-    bodies: list[bytes]
-    repeats: list[int]
-    keys: list[bytes]
-    chunks: list[int]
-    levels: list[int]
+    prepared: Prepared
 
 
 class Raw(Struct, array_like=True, tag="raw"):
@@ -117,7 +113,7 @@ def _decoded(
     grade: Callable[[FeedbackEvent], int],
 ) -> Decoded:
     """The item of a chunk whose lines all decoded."""
-    bodies, repeats, keys, chunk_hashes, levels = prepare(events, grade)
+    prepared = prepare(events, grade)
     lean: list[LeanQuery | LeanFeedback] = [
         LeanQuery(e.timestamp_ms, e.retriever, e.segment, e.context_k)
         if type(e) is QueryEvent
@@ -125,9 +121,7 @@ def _decoded(
         for e in events
     ]
     size = sum(map(len, chunk))
-    return Decoded(
-        file, first, len(chunk), size, lean, bodies, sorted(repeats), keys, chunk_hashes, levels
-    )
+    return Decoded(file, first, len(chunk), size, lean, prepared)
 
 
 def _raw(file: int, first: int, chunk: list[bytes]) -> Raw:

@@ -1,0 +1,156 @@
+"""The files' lines fed to the pipeline: read in chunks (in this process, or decoded
+already by the reader process), each line given its topic's next offset, into the
+pending :class:`~service.replay.batch.Batch`, which is taken every ``ADVANCE_EVERY``
+lines (and the watermark advanced), or early once its lines pass ``BATCH_BYTES``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from service.offline.files import open_input
+from service.replay.batch import Batch
+from service.replay.lines import (
+    FeedbackLine,
+    LineError,
+    QueryLine,
+    chunks,
+    decode_whole,
+    oversized,
+)
+from service.replay.reader import LeanQuery, Raw, Reader
+from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.prepared import prepare
+from service.stream.topics import FEEDBACK, QUERIES, Topic
+from service.stream.windows import ClosedWindow
+
+ADVANCE_EVERY = 8192
+"""Records between watermark advances (finalisation is batched over this many); the
+events between two are taken by the pipeline as one batch, or several when large."""
+BATCH_BYTES = 16 << 20
+"""A batch is taken early once its lines reach this many bytes (the watermark does not
+move within a batch, so where it is cut changes nothing)."""
+READ_BYTES = 1 << 20
+"""Lines are read about this many bytes at a time (and at most up to the next advance)."""
+
+
+@dataclass(slots=True)
+class Feed:
+    """Reads the files' lines into ``pending``, taking it (and advancing) as it fills.
+
+    Lines are read in chunks that end at the next advance at the latest. A chunk whose
+    lines all decode (the usual case) is decoded and handed over in a few calls; a chunk
+    with a blank, oversized or bad line, or any chunk read through an input mapping, goes
+    line by line, which finds and reports what is wrong. With a reader process, the
+    chunks come from it, those that decoded already decoded and hashed."""
+
+    pending: Batch
+    decode: Callable[[bytes], QueryLine | FeedbackLine | Topic]
+    emit: Callable[[list[ClosedWindow]], None]
+    grade: Callable[[FeedbackEvent], int]
+    """The label policy's grade of a feedback event."""
+    offsets: list[int] = field(default_factory=lambda: [0, 0])
+    """The next offset of each topic (a line's position among the lines of its topic)."""
+    size: int = 0
+    """Bytes of the lines of the events in ``pending``."""
+
+    def read(self, path: str, *, whole_chunks: bool) -> None:
+        """Read one file in this process; InputFileError if it cannot be opened."""
+        report = self.pending.report
+        with open_input(path) as handle:
+            for first, chunk in chunks(handle, READ_BYTES, ADVANCE_EVERY, lambda: report.lines):
+                events = decode_whole(chunk) if whole_chunks else None
+                if events is None:
+                    self._lines(path, first, chunk)
+                    continue
+                self.pending.columns.extend(prepare(events, self.grade))
+                size = sum(map(len, chunk))
+                self._whole(path, first, events, QueryEvent, lines=len(chunk), size=size)
+
+    def from_reader(self, paths: list[str]) -> None:
+        """Read the files through a reader process (:mod:`service.replay.reader`)."""
+        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY, self.grade)
+        try:
+            for path, item in reader:
+                if isinstance(item, Raw):
+                    self._lines(path, item.first, item.lines)
+                    continue
+                self.pending.columns.extend(item.prepared)
+                self._whole(
+                    path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
+                )
+        finally:
+            reader.close()
+
+    def _whole(
+        self,
+        path: str,
+        first: int,
+        events: Sequence[object],
+        query_type: type,
+        *,
+        lines: int,
+        size: int,
+    ) -> None:
+        """Take the events of a chunk of ``lines`` lines of ``size`` bytes that all decoded
+        (its queries' hashes noted; ``query_type``: the type of its query events)."""
+        pending, offsets = self.pending, self.offsets
+        report = pending.report
+        pending.runs.append((len(pending.events), (report.lines + 1, path, first)))
+        queries, feedback = count(offsets[QUERIES]), count(offsets[FEEDBACK])
+        pending.events += [
+            (QUERIES, next(queries), event)  # type: ignore[misc]
+            if type(event) is query_type
+            else (FEEDBACK, next(feedback), event)
+            for event in events
+        ]
+        offsets[QUERIES], offsets[FEEDBACK] = next(queries), next(feedback)
+        report.lines += lines
+        self.size += size
+        self._filled()
+
+    def _lines(self, path: str, first: int, chunk: Sequence[bytes | int]) -> None:
+        """Take a chunk's lines one by one (from the reader, an oversized line is its
+        length; never a blank one)."""
+        for number, raw in enumerate(chunk, start=first):
+            if type(raw) is int or not raw.isspace():  # type: ignore[union-attr]
+                self._line(path, number, raw)
+
+    def _line(self, path: str, number: int, raw: bytes | int) -> None:
+        """Take one line, valid or not (an int: the length of an oversized line)."""
+        pending, offsets = self.pending, self.offsets
+        report, pipeline = pending.report, pending.pipeline
+        report.lines += 1
+        try:
+            line = self.decode(raw) if type(raw) is bytes else oversized(raw)  # type: ignore[arg-type]
+        except LineError as error:
+            topic = QUERIES if error.topic is None else error.topic
+            pipeline.invalid(0, topic, offsets[topic], error.reason)
+            offsets[topic] += 1
+            pending.problems.append(((report.lines, path, number), error))
+        else:
+            if isinstance(line, Topic):  # a record the input mapping skips
+                report.ignored += 1
+                pipeline.ignored(0, line, offsets[line])
+                offsets[line] += 1
+            else:
+                topic = QUERIES if isinstance(line, QueryLine) else FEEDBACK
+                pending.columns.extend(prepare([line.event], self.grade))
+                pending.runs.append((len(pending.events), (report.lines, path, number)))
+                pending.events.append((topic, offsets[topic], line.event))
+                offsets[topic] += 1
+                self.size += len(raw)  # type: ignore[arg-type]
+        self._filled()
+
+    def _filled(self) -> None:
+        """Take the batch and advance every ``ADVANCE_EVERY`` lines; take it early once its
+        lines pass ``BATCH_BYTES``."""
+        pending = self.pending
+        if pending.report.lines % ADVANCE_EVERY == 0:
+            pending.take()
+            self.size = 0
+            self.emit(pending.pipeline.advance())
+        elif self.size > BATCH_BYTES:  # (large events: a batch's memory is bounded)
+            pending.take()
+            self.size = 0
