@@ -17,7 +17,6 @@ import logging
 import socket
 import threading
 from collections.abc import Callable, Iterable
-from operator import itemgetter
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -35,7 +34,7 @@ from service.errors import ConfigError, EventError
 from service.mapping.mapper import load_mapper
 from service.stream.events import decode_feedback, decode_query
 from service.stream.mined import LabelRecorder
-from service.stream.prepared import Record
+from service.stream.records import take_records
 from service.stream.topics import FEEDBACK, QUERIES
 from service.stream.watermark import NEVER
 
@@ -238,29 +237,11 @@ class KafkaEdge:
             decode = self.mapper.decode_query if is_query else self.mapper.decode_feedback
         topic = QUERIES if is_query else FEEDBACK
         records = list(records)
-        valid: list[Record] = []
-        positions: list[int] = []  # of the valid records in ``records``
-        failures: list[tuple[int, EventError]] = []
-        for position, record in enumerate(records):
-            value = record.value
-            try:
-                if value is None:
-                    raise EventError("empty", "the record has no value (a tombstone?)")
-                event = decode(value)
-            except EventError as error:
-                self.pipeline.invalid(partition, topic, record.offset, error.reason)
-                failures.append((position, error))
-                continue
-            if event is None:  # the input mapping skips it
-                self.pipeline.ignored(partition, topic, record.offset)
-                continue
-            valid.append((topic, record.offset, event))
-            positions.append(position)
-        if valid:
-            refused = self.pipeline.take(partition, valid)
-            failures += [(positions[at], refusal) for at, refusal in refused]
+        failures = take_records(
+            self.pipeline, partition, ((topic, r.offset, r.value) for r in records), decode
+        )
         # a re-read record was dead-lettered by the owner that first read it
-        for position, failure in sorted(failures, key=itemgetter(0)):  # (in offset order)
+        for position, failure in failures:  # (in offset order)
             record = records[position]
             if self.pipeline.is_new(partition, topic, record.offset):
                 self._dead_letter(record, failure)

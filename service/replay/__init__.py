@@ -91,7 +91,7 @@ def replay(
             for path in paths:
                 feed.read(path, whole_chunks=mapper is None)
     except BaseException:
-        pending.report_problems()  # what was found before the error that stops the replay
+        pending.abandon()  # the bad lines read before the error that stops the replay
         raise
     pending.take()
     emit(pipeline.finish())

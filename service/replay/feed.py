@@ -21,7 +21,7 @@ from service.replay.lines import (
 )
 from service.replay.reader import LeanQuery, Raw, Reader
 from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.prepared import prepare
+from service.stream.prepared import Prepared, prepare
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 from service.stream.windows import ClosedWindow
 
@@ -64,9 +64,8 @@ class Feed:
                 if events is None:
                     self._lines(path, first, chunk)
                     continue
-                self.pending.columns.extend(prepare(events, self.grade))
-                size = sum(map(len, chunk))
-                self._whole(path, first, events, QueryEvent, lines=len(chunk), size=size)
+                columns, size = prepare(events, self.grade), sum(map(len, chunk))
+                self._whole(path, first, events, columns, QueryEvent, size=size)
 
     def from_reader(self, paths: list[str]) -> None:
         """Read the files through a reader process (:mod:`service.replay.reader`)."""
@@ -76,10 +75,7 @@ class Feed:
                 if isinstance(item, Raw):
                     self._lines(path, item.first, item.lines)
                     continue
-                self.pending.columns.extend(item.prepared)
-                self._whole(
-                    path, item.first, item.events, LeanQuery, lines=item.lines, size=item.size
-                )
+                self._whole(path, item.first, item.events, item.prepared, LeanQuery, size=item.size)
         finally:
             reader.close()
 
@@ -88,25 +84,25 @@ class Feed:
         path: str,
         first: int,
         events: Sequence[object],
+        columns: Prepared,
         query_type: type,
         *,
-        lines: int,
         size: int,
     ) -> None:
-        """Take the events of a chunk of ``lines`` lines of ``size`` bytes that all decoded
-        (its queries' hashes noted; ``query_type``: the type of its query events)."""
+        """Add the events of a chunk of lines that all decoded, ``size`` bytes, with their
+        columns (``query_type``: the type of its query events)."""
         pending, offsets = self.pending, self.offsets
         report = pending.report
-        pending.runs.append((len(pending.events), (report.lines + 1, path, first)))
         queries, feedback = count(offsets[QUERIES]), count(offsets[FEEDBACK])
-        pending.events += [
-            (QUERIES, next(queries), event)  # type: ignore[misc]
+        lines = [
+            (QUERIES, next(queries), event)
             if type(event) is query_type
             else (FEEDBACK, next(feedback), event)
             for event in events
         ]
         offsets[QUERIES], offsets[FEEDBACK] = next(queries), next(feedback)
-        report.lines += lines
+        pending.add_chunk(lines, columns, (report.lines + 1, path, first))  # type: ignore[arg-type]
+        report.lines += len(lines)
         self.size += size
         self._filled()
 
@@ -118,29 +114,29 @@ class Feed:
                 self._line(path, number, raw)
 
     def _line(self, path: str, number: int, raw: bytes | int) -> None:
-        """Take one line, valid or not (an int: the length of an oversized line)."""
+        """Add one line, valid or not (an int: the length of an oversized line), with its
+        topic's next offset (its topic is known once it is decoded)."""
         pending, offsets = self.pending, self.offsets
-        report, pipeline = pending.report, pending.pipeline
+        report = pending.report
         report.lines += 1
+        value: QueryEvent | FeedbackEvent | LineError | Topic
+        columns = None  # (for a bad or skipped line)
         try:
             line = self.decode(raw) if type(raw) is bytes else oversized(raw)  # type: ignore[arg-type]
         except LineError as error:
             topic = QUERIES if error.topic is None else error.topic
-            pipeline.invalid(0, topic, offsets[topic], error.reason)
-            offsets[topic] += 1
-            pending.problems.append(((report.lines, path, number), error))
+            value = error
         else:
             if isinstance(line, Topic):  # a record the input mapping skips
                 report.ignored += 1
-                pipeline.ignored(0, line, offsets[line])
-                offsets[line] += 1
+                topic = value = line
             else:
                 topic = QUERIES if isinstance(line, QueryLine) else FEEDBACK
-                pending.columns.extend(prepare([line.event], self.grade))
-                pending.runs.append((len(pending.events), (report.lines, path, number)))
-                pending.events.append((topic, offsets[topic], line.event))
-                offsets[topic] += 1
+                value = line.event
+                columns = prepare([value], self.grade)
                 self.size += len(raw)  # type: ignore[arg-type]
+        pending.add_line((topic, offsets[topic], value), (report.lines, path, number), columns)
+        offsets[topic] += 1
         self._filled()
 
     def _filled(self) -> None:

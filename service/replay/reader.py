@@ -55,12 +55,11 @@ class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
 
 class Decoded(Struct, array_like=True, tag="decoded"):
     """A chunk whose lines all decoded: its file (an index into the paths: a path need
-    not be text), its first line, its size, its events, and their columns (``prepare``'s,
-    sent as they are: an array of arrays)."""
+    not be text), its first line, its size, its events (one a line), and their columns
+    (``prepare``'s, sent as they are: an array of arrays)."""
 
     file: int
     first: int
-    lines: int
     size: int
     events: list[LeanQuery | LeanFeedback]
     prepared: Prepared
@@ -121,7 +120,7 @@ def _decoded(
         for e in events
     ]
     size = sum(map(len, chunk))
-    return Decoded(file, first, len(chunk), size, lean, prepared)
+    return Decoded(file, first, size, lean, prepared)
 
 
 def _raw(file: int, first: int, chunk: list[bytes]) -> Raw:
