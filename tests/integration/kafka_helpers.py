@@ -151,6 +151,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PROGRESS = (
+    "retrieval_events_total",
+    "retrieval_windows_published_total",
+    "retrieval_queries_finalized_total",
+)
+"""Counters that rise only when the service gets on with its work: records read,
+windows committed, queries final. (Not ``retrieval_commits_total``: the loop commits
+every interval, with nothing new too.)"""
+
+STALL_S = 300.0
+"""How long a progress wait allows with none of ``PROGRESS`` moving. Above the longest
+pause of a healthy service that reads nothing meanwhile: after a crash, committed
+offsets a transaction left pending hold the rebuild until the stable fetch has failed
+for ``SETTLE_AFTER_S`` (90 s, service/broker/hanging.py), each fetch bounded by
+``COMMITTED_WAIT_MS`` (30 s) and the settling commit by the transaction waits (30 s
+each); plus starting up and joining the group, on a machine busy with other work."""
+
+BOUND_S = 900.0
+"""The overall bound of a progress wait: a service that keeps moving but never gets
+there (reading the same records again and again) fails too, never hangs."""
+
+
 class ServiceProcess:
     """``python -m service run`` as a child process, configured through env vars."""
 
@@ -189,6 +211,52 @@ class ServiceProcess:
             if condition():
                 return
             time.sleep(0.25)
+        self._give_up(what, f"timed out after {timeout_s:.0f} s")
+
+    def wait_progressing(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        stall_s: float = STALL_S,
+        bound_s: float = BOUND_S,
+    ) -> None:
+        """Wait until ``condition()`` for as long as the service makes progress.
+
+        For a wait whose length is the service's work (records to read, windows to
+        publish): on a busy machine that work takes longer, and a fixed timeout then
+        fails a test that was only slow. Gives up when none of ``PROGRESS`` has moved
+        for ``stall_s`` (the service stopped getting on), when ``bound_s`` has passed
+        in all, or when the service exits; the message says what progress it saw."""
+        self._wait(condition, what, stall_s, bound_s, exits=False)
+
+    def wait_exit(self, what: str, stall_s: float = STALL_S, bound_s: float = BOUND_S) -> int:
+        """Wait, as :meth:`wait_progressing`, for the service to exit on its own (a
+        failpoint's SIGKILL, an error); return its exit code."""
+        self._wait(lambda: self.process.poll() is not None, what, stall_s, bound_s, exits=True)
+        return self.process.returncode
+
+    def _wait(
+        self, condition: Callable[[], bool], what: str, stall_s: float, bound_s: float, exits: bool
+    ) -> None:
+        seen = ProgressLog(self)
+        while True:
+            if condition():
+                return
+            if not exits and self.process.poll() is not None:
+                raise AssertionError(
+                    f"the service exited ({self.process.returncode}) while waiting for {what}; "
+                    f"{seen.summary()}\n{self.tail()}"
+                )
+            now = time.monotonic()
+            if now - seen.last_move >= stall_s:
+                self._give_up(what, f"no progress for {stall_s:.0f} s; {seen.summary()}")
+            if now - seen.started >= bound_s:
+                self._give_up(what, f"the bound of {bound_s:.0f} s passed; {seen.summary()}")
+            time.sleep(0.25)
+            if now - seen.looked >= 1:  # (a scrape costs the busy machine some CPU)
+                seen.look()
+
+    def _give_up(self, what: str, why: str) -> None:
         self.process.send_signal(signal.SIGUSR1)  # the service prints its threads' stacks
         time.sleep(1)
         _, body = self.get("/metrics")
@@ -198,7 +266,7 @@ class ServiceProcess:
             if line.startswith(("retrieval_consumer", "retrieval_watermark", "retrieval_pending"))
         ]
         raise AssertionError(
-            f"timed out waiting for {what}: {self.tail(200)}\n" + "\n".join(gauges)
+            f"gave up waiting for {what}: {why}\n{self.tail(200)}\n" + "\n".join(gauges)
         )
 
     def wait_ready(self, timeout_s: float = 60) -> None:
@@ -224,6 +292,54 @@ class ServiceProcess:
         self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+class ProgressLog:
+    """The ``PROGRESS`` counters of a service, looked at over a wait: when they last
+    moved, and what they were at the start and the end (for the message of a wait that
+    gives up). Before the service answers ``/metrics`` there is nothing to see."""
+
+    def __init__(self, service: ServiceProcess) -> None:
+        self.service = service
+        self.started = self.last_move = time.monotonic()
+        self.first: dict[str, float] | None = None
+        self.last: dict[str, float] | None = None
+        self.commits = self.lag = 0.0
+        self.looks = 0
+        self.looked = self.started
+        self.look()
+
+    def look(self) -> None:
+        samples = self.service.samples()
+        self.looks += 1
+        self.looked = time.monotonic()
+        if not samples:
+            return
+        now = {name: total(samples, name) for name in PROGRESS}
+        self.commits = total(samples, "retrieval_commits_total")
+        self.lag = total(samples, "retrieval_consumer_lag")
+        if self.first is None:
+            self.first = now
+        if now != self.last:  # (the first answer counts: the service came up)
+            self.last_move = self.looked
+        self.last = now
+
+    def summary(self) -> str:
+        at = time.monotonic()
+        if self.first is None or self.last is None:
+            alive = self.service.process.poll() is None
+            return (
+                f"in {at - self.started:.0f} s the service never answered /metrics "
+                f"({self.looks} looks; the process {'alive' if alive else 'exited'})"
+            )
+        moves = ", ".join(
+            f"{name.removeprefix('retrieval_')} {self.first[name]:.0f} -> {self.last[name]:.0f}"
+            for name in PROGRESS
+        )
+        return (
+            f"in {at - self.started:.0f} s: {moves}; {self.commits:.0f} commits, "
+            f"{self.lag:.0f} records unread; last moved {at - self.last_move:.0f} s ago"
+        )
 
 
 def total(
