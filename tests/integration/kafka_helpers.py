@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -217,6 +217,7 @@ class ServiceProcess:
         self,
         condition: Callable[[], bool],
         what: str,
+        others: Sequence[ServiceProcess] = (),
         stall_s: float = STALL_S,
         bound_s: float = BOUND_S,
     ) -> None:
@@ -226,19 +227,26 @@ class ServiceProcess:
         publish): on a busy machine that work takes longer, and a fixed timeout then
         fails a test that was only slow. Gives up when none of ``PROGRESS`` has moved
         for ``stall_s`` (the service stopped getting on), when ``bound_s`` has passed
-        in all, or when the service exits; the message says what progress it saw."""
-        self._wait(condition, what, stall_s, bound_s, exits=False)
+        in all, or when the service exits; the message says what progress it saw.
+        ``others``: replicas whose work counts too (the condition needs theirs)."""
+        self._wait(condition, what, others, stall_s, bound_s, exits=False)
 
     def wait_exit(self, what: str, stall_s: float = STALL_S, bound_s: float = BOUND_S) -> int:
         """Wait, as :meth:`wait_progressing`, for the service to exit on its own (a
         failpoint's SIGKILL, an error); return its exit code."""
-        self._wait(lambda: self.process.poll() is not None, what, stall_s, bound_s, exits=True)
+        self._wait(lambda: self.process.poll() is not None, what, (), stall_s, bound_s, True)
         return self.process.returncode
 
     def _wait(
-        self, condition: Callable[[], bool], what: str, stall_s: float, bound_s: float, exits: bool
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        others: Sequence[ServiceProcess],
+        stall_s: float,
+        bound_s: float,
+        exits: bool,
     ) -> None:
-        seen = ProgressLog(self)
+        seen = ProgressLog([self, *others])
         while True:
             if condition():
                 return
@@ -295,50 +303,59 @@ class ServiceProcess:
 
 
 class ProgressLog:
-    """The ``PROGRESS`` counters of a service, looked at over a wait: when they last
-    moved, and what they were at the start and the end (for the message of a wait that
-    gives up). Before the service answers ``/metrics`` there is nothing to see."""
+    """The ``PROGRESS`` counters of services, looked at over a wait: when one last rose
+    above its highest value yet (a scrape that fails or a replica that stops is no
+    progress), and the totals at the first and the last look (for the message of a wait
+    that gives up). Before a service answers ``/metrics`` there is nothing to see."""
 
-    def __init__(self, service: ServiceProcess) -> None:
-        self.service = service
-        self.started = self.last_move = time.monotonic()
-        self.first: dict[str, float] | None = None
-        self.last: dict[str, float] | None = None
-        self.commits = self.lag = 0.0
+    def __init__(self, services: Sequence[ServiceProcess]) -> None:
+        self.services = services
+        self.started = self.last_move = self.looked = time.monotonic()
+        self.first: dict[int, dict[str, float]] = {}
+        self.peak: dict[int, dict[str, float]] = {}
+        self.commits: dict[int, float] = {}
+        self.lag: dict[int, float] = {}
         self.looks = 0
-        self.looked = self.started
         self.look()
 
     def look(self) -> None:
-        samples = self.service.samples()
         self.looks += 1
         self.looked = time.monotonic()
-        if not samples:
-            return
-        now = {name: total(samples, name) for name in PROGRESS}
-        self.commits = total(samples, "retrieval_commits_total")
-        self.lag = total(samples, "retrieval_consumer_lag")
-        if self.first is None:
-            self.first = now
-        if now != self.last:  # (the first answer counts: the service came up)
-            self.last_move = self.looked
-        self.last = now
+        for i, service in enumerate(self.services):
+            samples = service.samples()
+            if not samples:
+                continue
+            now = {name: total(samples, name) for name in PROGRESS}
+            self.commits[i] = total(samples, "retrieval_commits_total")
+            self.lag[i] = total(samples, "retrieval_consumer_lag")
+            self.first.setdefault(i, now)
+            peak = self.peak.get(i)
+            if peak is None or any(now[n] > peak[n] for n in PROGRESS):  # (up counts)
+                self.last_move = self.looked
+                self.peak[i] = now if peak is None else {n: max(now[n], peak[n]) for n in now}
 
     def summary(self) -> str:
         at = time.monotonic()
-        if self.first is None or self.last is None:
-            alive = self.service.process.poll() is None
+        if not self.peak:
+            alive = sum(s.process.poll() is None for s in self.services)
             return (
-                f"in {at - self.started:.0f} s the service never answered /metrics "
-                f"({self.looks} looks; the process {'alive' if alive else 'exited'})"
+                f"in {at - self.started:.0f} s no service answered /metrics "
+                f"({self.looks} looks; {alive} of {len(self.services)} processes alive)"
             )
         moves = ", ".join(
-            f"{name.removeprefix('retrieval_')} {self.first[name]:.0f} -> {self.last[name]:.0f}"
+            f"{name.removeprefix('retrieval_')} {sum(f[name] for f in self.first.values()):.0f}"
+            f" -> {sum(p[name] for p in self.peak.values()):.0f}"
             for name in PROGRESS
         )
+        of = (
+            f" ({len(self.peak)} of {len(self.services)} replicas)"
+            if len(self.services) > 1
+            else ""
+        )
         return (
-            f"in {at - self.started:.0f} s: {moves}; {self.commits:.0f} commits, "
-            f"{self.lag:.0f} records unread; last moved {at - self.last_move:.0f} s ago"
+            f"in {at - self.started:.0f} s{of}: {moves}; {sum(self.commits.values()):.0f} "
+            f"commits, {sum(self.lag.values()):.0f} records unread; "
+            f"last moved {at - self.last_move:.0f} s ago"
         )
 
 
@@ -402,7 +419,7 @@ def wait_all_final(service: ServiceProcess, n_queries: int) -> None:
         finalized = total(s, "retrieval_queries_finalized_total")
         return finalized == n_queries and total(s, "retrieval_pending_queries") == 0
 
-    service.wait_until(done, 120, f"{n_queries} finalised queries")
+    service.wait_progressing(done, f"{n_queries} finalised queries")
 
 
 def serve_until_final(
@@ -418,16 +435,14 @@ def serve_until_final(
         assert service.stop() == 0, service.tail()
 
 
-def wait_all_published(
-    service: ServiceProcess, topics: Topics, n_windows: int, timeout_s: float = 120
-) -> None:
-    """Wait until nothing is pending and every window is on the windows topic."""
-    service.wait_until(
+def wait_all_published(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
+    """Wait until nothing is pending and every window is on the windows topic (while the
+    service gets on with it: :meth:`ServiceProcess.wait_progressing`)."""
+    service.wait_progressing(
         lambda: (
             total(service.samples(), "retrieval_pending_queries") == 0
             and len(published_windows(topics)[0]) >= n_windows
         ),
-        timeout_s,
         "every window published",
     )
 
