@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 import zlib
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
@@ -151,6 +151,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PROGRESS = (
+    "retrieval_events_total",
+    "retrieval_windows_published_total",
+    "retrieval_queries_finalized_total",
+)
+"""Counters that rise only when the service gets on with its work: records read,
+windows committed, queries final. (Not ``retrieval_commits_total``: the loop commits
+every interval, with nothing new too.)"""
+
+STALL_S = 300.0
+"""How long a progress wait allows with none of ``PROGRESS`` moving. Above the longest
+pause of a healthy service that reads nothing meanwhile: after a crash, committed
+offsets a transaction left pending hold the rebuild until the stable fetch has failed
+for ``SETTLE_AFTER_S`` (90 s, service/broker/hanging.py), each fetch bounded by
+``COMMITTED_WAIT_MS`` (30 s) and the settling commit by the transaction waits (30 s
+each); plus starting up and joining the group, on a machine busy with other work."""
+
+BOUND_S = 900.0
+"""The overall bound of a progress wait: a service that keeps moving but never gets
+there (reading the same records again and again) fails too, never hangs."""
+
+
 class ServiceProcess:
     """``python -m service run`` as a child process, configured through env vars."""
 
@@ -189,6 +211,60 @@ class ServiceProcess:
             if condition():
                 return
             time.sleep(0.25)
+        self._give_up(what, f"timed out after {timeout_s:.0f} s")
+
+    def wait_progressing(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        others: Sequence[ServiceProcess] = (),
+        stall_s: float = STALL_S,
+        bound_s: float = BOUND_S,
+    ) -> None:
+        """Wait until ``condition()`` for as long as the service makes progress.
+
+        For a wait whose length is the service's work (records to read, windows to
+        publish): on a busy machine that work takes longer, and a fixed timeout then
+        fails a test that was only slow. Gives up when none of ``PROGRESS`` has moved
+        for ``stall_s`` (the service stopped getting on), when ``bound_s`` has passed
+        in all, or when the service exits; the message says what progress it saw.
+        ``others``: replicas whose work counts too (the condition needs theirs)."""
+        self._wait(condition, what, others, stall_s, bound_s, exits=False)
+
+    def wait_exit(self, what: str, stall_s: float = STALL_S, bound_s: float = BOUND_S) -> int:
+        """Wait, as :meth:`wait_progressing`, for the service to exit on its own (a
+        failpoint's SIGKILL, an error); return its exit code."""
+        self._wait(lambda: self.process.poll() is not None, what, (), stall_s, bound_s, True)
+        return self.process.returncode
+
+    def _wait(
+        self,
+        condition: Callable[[], bool],
+        what: str,
+        others: Sequence[ServiceProcess],
+        stall_s: float,
+        bound_s: float,
+        exits: bool,
+    ) -> None:
+        seen = ProgressLog([self, *others])
+        while True:
+            if condition():
+                return
+            if not exits and self.process.poll() is not None:
+                raise AssertionError(
+                    f"the service exited ({self.process.returncode}) while waiting for {what}; "
+                    f"{seen.summary()}\n{self.tail()}"
+                )
+            now = time.monotonic()
+            if now - seen.last_move >= stall_s:
+                self._give_up(what, f"no progress for {stall_s:.0f} s; {seen.summary()}")
+            if now - seen.started >= bound_s:
+                self._give_up(what, f"the bound of {bound_s:.0f} s passed; {seen.summary()}")
+            time.sleep(0.25)
+            if now - seen.looked >= 1:  # (a scrape costs the busy machine some CPU)
+                seen.look()
+
+    def _give_up(self, what: str, why: str) -> None:
         self.process.send_signal(signal.SIGUSR1)  # the service prints its threads' stacks
         time.sleep(1)
         _, body = self.get("/metrics")
@@ -198,7 +274,7 @@ class ServiceProcess:
             if line.startswith(("retrieval_consumer", "retrieval_watermark", "retrieval_pending"))
         ]
         raise AssertionError(
-            f"timed out waiting for {what}: {self.tail(200)}\n" + "\n".join(gauges)
+            f"gave up waiting for {what}: {why}\n{self.tail(200)}\n" + "\n".join(gauges)
         )
 
     def wait_ready(self, timeout_s: float = 60) -> None:
@@ -224,6 +300,63 @@ class ServiceProcess:
         self._log.flush()
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
+
+
+class ProgressLog:
+    """The ``PROGRESS`` counters of services, looked at over a wait: when one last rose
+    above its highest value yet (a scrape that fails or a replica that stops is no
+    progress), and the totals at the first and the last look (for the message of a wait
+    that gives up). Before a service answers ``/metrics`` there is nothing to see."""
+
+    def __init__(self, services: Sequence[ServiceProcess]) -> None:
+        self.services = services
+        self.started = self.last_move = self.looked = time.monotonic()
+        self.first: dict[int, dict[str, float]] = {}
+        self.peak: dict[int, dict[str, float]] = {}
+        self.commits: dict[int, float] = {}
+        self.lag: dict[int, float] = {}
+        self.looks = 0
+        self.look()
+
+    def look(self) -> None:
+        self.looks += 1
+        self.looked = time.monotonic()
+        for i, service in enumerate(self.services):
+            samples = service.samples()
+            if not samples:
+                continue
+            now = {name: total(samples, name) for name in PROGRESS}
+            self.commits[i] = total(samples, "retrieval_commits_total")
+            self.lag[i] = total(samples, "retrieval_consumer_lag")
+            self.first.setdefault(i, now)
+            peak = self.peak.get(i)
+            if peak is None or any(now[n] > peak[n] for n in PROGRESS):  # (up counts)
+                self.last_move = self.looked
+                self.peak[i] = now if peak is None else {n: max(now[n], peak[n]) for n in now}
+
+    def summary(self) -> str:
+        at = time.monotonic()
+        if not self.peak:
+            alive = sum(s.process.poll() is None for s in self.services)
+            return (
+                f"in {at - self.started:.0f} s no service answered /metrics "
+                f"({self.looks} looks; {alive} of {len(self.services)} processes alive)"
+            )
+        moves = ", ".join(
+            f"{name.removeprefix('retrieval_')} {sum(f[name] for f in self.first.values()):.0f}"
+            f" -> {sum(p[name] for p in self.peak.values()):.0f}"
+            for name in PROGRESS
+        )
+        of = (
+            f" ({len(self.peak)} of {len(self.services)} replicas)"
+            if len(self.services) > 1
+            else ""
+        )
+        return (
+            f"in {at - self.started:.0f} s{of}: {moves}; {sum(self.commits.values()):.0f} "
+            f"commits, {sum(self.lag.values()):.0f} records unread; "
+            f"last moved {at - self.last_move:.0f} s ago"
+        )
 
 
 def total(
@@ -286,7 +419,7 @@ def wait_all_final(service: ServiceProcess, n_queries: int) -> None:
         finalized = total(s, "retrieval_queries_finalized_total")
         return finalized == n_queries and total(s, "retrieval_pending_queries") == 0
 
-    service.wait_until(done, 120, f"{n_queries} finalised queries")
+    service.wait_progressing(done, f"{n_queries} finalised queries")
 
 
 def serve_until_final(
@@ -302,16 +435,14 @@ def serve_until_final(
         assert service.stop() == 0, service.tail()
 
 
-def wait_all_published(
-    service: ServiceProcess, topics: Topics, n_windows: int, timeout_s: float = 120
-) -> None:
-    """Wait until nothing is pending and every window is on the windows topic."""
-    service.wait_until(
+def wait_all_published(service: ServiceProcess, topics: Topics, n_windows: int) -> None:
+    """Wait until nothing is pending and every window is on the windows topic (while the
+    service gets on with it: :meth:`ServiceProcess.wait_progressing`)."""
+    service.wait_progressing(
         lambda: (
             total(service.samples(), "retrieval_pending_queries") == 0
             and len(published_windows(topics)[0]) >= n_windows
         ),
-        timeout_s,
         "every window published",
     )
 

@@ -137,8 +137,8 @@ def test_a_flood_of_retriever_labels_is_capped(topics: Topics, tmp_path: Path) -
     service = ServiceProcess(topics, tmp_path / "service.log", **FAST)
     try:
         service.wait_ready()
-        service.wait_until(
-            lambda: total(service.samples(), "retrieval_queries_total") == 300, 60, "300 queries"
+        service.wait_progressing(
+            lambda: total(service.samples(), "retrieval_queries_total") == 300, "300 queries"
         )
         samples = service.samples()
     finally:

@@ -127,7 +127,11 @@ def test_a_bad_deploy_pages_on_call_and_a_good_one_does_not(stacks: tuple[Stack,
         for replica in stack.replicas:
             replica.wait_ready()
     for stack in stacks:
-        stack.service.wait_until(lambda s=stack: _detector_ran(s), 240, "the detector to run")
+        stack.service.wait_progressing(
+            lambda s=stack: _detector_ran(s),
+            "the detector to run",
+            [r for r in stack.replicas if r is not stack.service],
+        )
 
     # the service opened the regression, against the previous version
     status, body = bad.service.get("/api/v1/regressions")

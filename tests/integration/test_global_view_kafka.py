@@ -84,8 +84,11 @@ def _complete(r: ServiceProcess, end_ms: int) -> bool:
 def _agreed_past(replicas: list[ServiceProcess], end_ms: int) -> dict[str, dict[str, Any]]:
     """Wait until every replica's view is evaluated past ``end_ms`` and all give the same
     answers (within a minute of that); return them."""
-    for r in replicas:
-        r.wait_until(lambda r=r: _complete(r, end_ms), 300, "the global view past the data")
+    for r in replicas:  # each view needs every replica's windows: their work counts
+        others = [o for o in replicas if o is not r]
+        r.wait_progressing(
+            lambda r=r: _complete(r, end_ms), "the global view past the data", others
+        )
     deadline = time.monotonic() + 60
     agreed = _agreed(replicas)
     while agreed is None and time.monotonic() < deadline:
@@ -230,7 +233,7 @@ def test_every_replica_gives_the_same_global_answers(
     c = ServiceProcess(topics, tmp_path / "c.log", transactional_id="g-c")
     started = time.monotonic()
     c.wait_ready()
-    c.wait_until(lambda: _complete(c, end_ms), 300, "the new replica to catch up")
+    c.wait_progressing(lambda: _complete(c, end_ms), "the new replica to catch up")
     caught_up_s = time.monotonic() - started
     replicas.append(c)
     deadline = time.monotonic() + 60
@@ -276,7 +279,7 @@ def test_a_replica_killed_mid_stream_changes_no_answer(topics: Topics, tmp_path:
 
     slow = {**settings, "max_poll_records": "5"}
     b = ServiceProcess(topics, tmp_path / "b.log", transactional_id="k-b", **slow)
-    b.wait_until(mid_stream, 120, "B mid-stream")
+    b.wait_progressing(mid_stream, "B mid-stream")
     b.stop(signal.SIGKILL)
     read = seen[-1]
     assert read < len(events) / 2, f"B read {read} of {len(events)} events before the kill"

@@ -93,17 +93,17 @@ def test_a_replica_joining_and_leaving_mid_stream_changes_nothing(
     a = ServiceProcess(topics, tmp_path / "a.log", **REPLICA, transactional_id="r-a")
     a.wait_ready()
     producer = PacedProducer(topics, events, per_second=1000)
-    a.wait_until(lambda: producer.produced >= n // 3, 120, "a third produced")
+    a.wait_progressing(lambda: producer.produced >= n // 3, "a third produced (and read by A)")
     b = ServiceProcess(topics, tmp_path / "b.log", **REPLICA, transactional_id="r-b")
     b.wait_until(  # B joined: the group rebalanced and B reads its half
         lambda: total(b.samples(), "retrieval_events_total") > 0, 90, "B reading"
     )
-    b.wait_until(lambda: producer.produced >= 2 * n // 3, 120, "two thirds produced")
+    b.wait_progressing(lambda: producer.produced >= 2 * n // 3, "two thirds produced", [a])
     b_read = total(b.samples(), "retrieval_events_total")
     b_final = stop_and_scrape(b)  # B leaves mid-stream; A takes its partitions back
     left_at = producer.produced
     producer.join()
-    wait_all_published(a, topics, len(expected), timeout_s=180)
+    wait_all_published(a, topics, len(expected))
     a_final = stop_and_scrape(a)
     watch.stop()
 
@@ -133,7 +133,7 @@ def test_one_replica_and_two_give_the_same_results(topics: Topics, tmp_path: Pat
 
     one = replace(topics, windows=f"{topics.windows}.one", group=f"{topics.group}-one")
     single = ServiceProcess(one, tmp_path / "one.log", **REPLICA, transactional_id="one")
-    single.wait_until(lambda: finalized(single) == n_queries, 180, "one replica: all final")
+    single.wait_progressing(lambda: finalized(single) == n_queries, "one replica: all final")
     single_final = stop_and_scrape(single)
 
     watch = AssignmentWatch(topics)
@@ -141,7 +141,9 @@ def test_one_replica_and_two_give_the_same_results(topics: Topics, tmp_path: Pat
         ServiceProcess(topics, tmp_path / f"two-{i}.log", **REPLICA, transactional_id=f"two-{i}")
         for i in range(2)
     ]
-    pair[0].wait_until(lambda: finalized(*pair) == n_queries, 180, "two replicas: all final")
+    pair[0].wait_progressing(
+        lambda: finalized(*pair) == n_queries, "two replicas: all final", pair[1:]
+    )
     pair_final = [stop_and_scrape(s) for s in pair]
     watch.stop()
 

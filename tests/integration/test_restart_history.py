@@ -44,7 +44,7 @@ def test_a_restart_keeps_rolling_views_and_open_regressions(topics: Topics, tmp_
 
     first = ServiceProcess(topics, tmp_path / "first.log")
     first.wait_ready()
-    first.wait_until(lambda: caught_up(first), 240, "the detector to test the deploy")
+    first.wait_progressing(lambda: caught_up(first), "the detector to test the deploy")
     opened, rolling = _opened(first), _rolling(first)
     assert opened, first.tail()
     assert {r[0] for r in opened} == {"hybrid-v8"}
@@ -52,7 +52,7 @@ def test_a_restart_keeps_rolling_views_and_open_regressions(topics: Topics, tmp_
 
     second = ServiceProcess(topics, tmp_path / "second.log")
     second.wait_ready()
-    second.wait_until(lambda: caught_up(second), 240, "the detector to catch up again")
+    second.wait_progressing(lambda: caught_up(second), "the detector to catch up again")
     # every input record was committed: nothing is re-read, all of it comes back from
     # the windows topic, and the detector reaches the same verdicts at the same times
     assert _opened(second) >= opened
