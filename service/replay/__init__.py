@@ -93,7 +93,7 @@ def replay(
     except BaseException:
         pending.abandon()  # the bad lines read before the error that stops the replay
         raise
-    pending.take()
+    pending.flush()
     emit(pipeline.finish())
     if report.invalid > max_errors_shown:
         print(f"... {report.invalid - max_errors_shown} more bad lines skipped", file=errors_to)

@@ -1,4 +1,4 @@
-"""What a replay holds between two takes: the lines read since the batch was last taken,
+"""What a replay holds between two flushes: the lines read since the batch was last flushed,
 as records of partition 0 with their :class:`~service.stream.prepared.Prepared` columns
 and their places in the input; taken through the record step
 (:func:`~service.stream.records.take_records`), its bad lines reported in input order
@@ -42,7 +42,7 @@ its error, or its topic (a record that the input mapping skips)."""
 
 @dataclass(slots=True)
 class Batch:
-    """The lines read since the batch was last taken (taken by the pipeline as one batch,
+    """The lines read since the batch was last flushed (taken by the pipeline as one batch,
     in file order, the ``columns`` of their events already made), each with its place in
     the input.
 
@@ -82,7 +82,7 @@ class Batch:
         else:
             self.columns.extend(columns)
 
-    def take(self) -> None:
+    def flush(self) -> None:
         """Hand the lines to the pipeline (the record step); report every bad line, in
         input order."""
         decode = None if self.only_events else _as_read

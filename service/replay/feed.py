@@ -144,9 +144,9 @@ class Feed:
         lines pass ``BATCH_BYTES``."""
         pending = self.pending
         if pending.report.lines % ADVANCE_EVERY == 0:
-            pending.take()
+            pending.flush()
             self.size = 0
             self.emit(pending.pipeline.advance())
         elif self.size > BATCH_BYTES:  # (large events: a batch's memory is bounded)
-            pending.take()
+            pending.flush()
             self.size = 0
