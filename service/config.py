@@ -10,8 +10,9 @@ Each setting the core uses takes its default from the core's config
 :class:`~service.stream.pipeline.PipelineConfig`,
 :class:`~service.detect.model.DetectorConfig`, :class:`~service.core.monitor.MonitorConfig`),
 and the detector's settings are checked by ``DetectorConfig`` itself:
-:func:`monitor_config` builds the core's config from the settings, once, when they are
-loaded. The settings of the Kafka and HTTP edges have their defaults and checks here.
+:func:`monitor_config` builds the core's config from the settings: when they are loaded
+(so that a bad value is reported by its flag), and again by the command that uses it. The
+settings of the Kafka and HTTP edges have their defaults and checks here.
 """
 
 from __future__ import annotations

@@ -94,8 +94,8 @@ class Batch:
         self.only_events = True
 
     def abandon(self) -> None:
-        """The replay stops on an error: report the bad lines read since the batch was
-        last taken (without taking it)."""
+        """The replay stops on an error: report the bad lines read since the last flush
+        (without flushing them)."""
         if not self.only_events:
             lines = enumerate(self.events)
             self._report(

@@ -514,10 +514,14 @@ class PartitionStream:
     def evict_oldest_feedback(self) -> bool:
         """Evict the oldest waiting feedback of one query (counted unless an earlier owner
         counted it); return False when none was waiting."""
-        dropped = self.evict_feedback()
+        if not self.orphans:
+            return False
+        _, waiting = self.orphans.popitem(last=False)
+        self.n_orphans -= len(waiting)
+        self.held.feedback -= len(waiting)
         counted_from = self.counted_from[FEEDBACK]
-        self.counts.evicted["feedback"] += sum(1 for o in dropped if o.offset >= counted_from)
-        return bool(dropped)
+        self.counts.evicted["feedback"] += sum(1 for o in waiting if o.offset >= counted_from)
+        return True
 
     def evict_query(self) -> int:
         """Drop the oldest pending query (from the oldest open window); return its offset,
@@ -555,15 +559,6 @@ class PartitionStream:
             del window.offsets[: window.cursor]
             window.cursor = 0
         window.min_q_offset = window.offset_base + window.offsets[window.cursor]
-
-    def evict_feedback(self) -> list[Orphan]:
-        """Drop the oldest waiting feedback of one query; return the events that went."""
-        if not self.orphans:
-            return []
-        _, waiting = self.orphans.popitem(last=False)
-        self.n_orphans -= len(waiting)
-        self.held.feedback -= len(waiting)
-        return waiting
 
     # -- commits -------------------------------------------------------------------------
 
