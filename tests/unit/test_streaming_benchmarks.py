@@ -44,6 +44,24 @@ def test_bench_replay_runs_and_every_query_is_finalised() -> None:
     assert abs(sum(parts) - figure(out, "replay in all")) < 0.05  # (rounded to 0.01 each)
 
 
+def test_bench_replay_cpu_runs_both_trees_in_alternated_pairs(tmp_path: Path) -> None:
+    root = str(BENCHMARKS.parents[1])  # (this tree on both sides: its .venv runs the replays)
+    out = _run("bench_replay_cpu.py", "--before", root, "--events", "3000", "--pairs", "2")
+    assert "2 alternated pairs of replay of 3000 events" in out
+    before, after = figure(out, "before  CPU s median"), figure(out, "after   CPU s median")
+    ratio = figure(out, "ratio of medians after / before")
+    assert abs(ratio - after / before) < 0.01
+    missing = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_replay_cpu.py"), "--before", str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 2
+    assert "no .venv/bin/retrieval-monitor (run make venv there)" in missing.stderr
+
+
 def test_bench_window_records_runs_and_reads_every_window_back() -> None:
     out = _run("bench_window_records.py", "--events", "3000", "--repeat", "1")
     assert re.search(r"data: \d+ window records", out)
