@@ -1,11 +1,9 @@
 """Regression detection on merged closed-window aggregates: sequential tests whose
 false-alarm rate holds however often they look.
 
-The detector sees the same closed windows that are published (merged over partitions)
-and evaluates once per window boundary ``T`` of event time, in order, so the result
-depends only on the windows and not on how they were batched: ``run``, ``demo`` and
-``replay`` open the same regressions for the same events. Windows still maturing are
-never compared.
+It sees the closed windows that are published (merged over partitions) and evaluates
+each window boundary of event time in order, so ``run``, ``demo`` and ``replay`` open
+the same regressions for the same events, however they were batched.
 
 Every comparison is a one-sided mixture sequential probability ratio test
 (:mod:`service.metrics.sequential`) of "candidate mean minus baseline mean", looked at
@@ -38,9 +36,7 @@ among all finalised queries).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
-  segment. Each segment's family and the pooled family get ``alpha / 2``: a deploy to
-  ``k`` segments that changes nothing opens a regression with probability at most
-  ``(k + 1) * alpha / 2``.
+  segment, with its own share of the deploy's ``alpha`` (:mod:`service.detect.budget`).
 * **drift**: outside deploys, a false-alarm budget for the whole deployment
   (``drift_budget`` per 30 days) is spent in epoch-aligned periods of
   ``drift_period_ms``: in each, a slice's windows since the period start are compared
@@ -49,8 +45,10 @@ among all finalised queries).
   period; the period's share of the budget is split over the slices that had
   ``min_labelled`` queries the day before the period began (fixed for the period).
 
-A regression closes once it has not been significant (or not testable) for
-``close_after_ms`` of event time.
+A regression stays open while its version serves, whether or not its comparison still
+runs; it closes only as ``rolled_back``, ``superseded`` or ``recovered``
+(:mod:`service.detect.lifecycle`). Every comparison held, running or not and why not:
+:mod:`service.detect.status`.
 """
 
 from __future__ import annotations
@@ -61,7 +59,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.detect.budget import phase_alpha
-from service.detect.history import SliceHistory
+from service.detect.history import SliceHistory, window_row
+from service.detect.lifecycle import Lifecycle
 from service.detect.model import (
     DRIFT_LABEL,
     POOLED_SEGMENT,
@@ -75,15 +74,12 @@ from service.detect.model import (
     RegressionKey,
     Sums,
 )
-from service.detect.plans import Comparison, conclude, measure, pooled_plans, slice_plans
-from service.metrics.aggregates import SCALE, Moments
+from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
+from service.detect.status import TestBook, WhyNot
 from service.metrics.ir import MetricKey
-from service.metrics.sequential import closed_log_means
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
 
-RunKey = tuple[str, str, MetricKey, ComparisonKind, int]
-"""(retriever, segment, metric, kind, start): one run of one sequential test."""
 DEPLOY = ComparisonKind.DEPLOY
 CANARY = ComparisonKind.CANARY
 DRIFT = ComparisonKind.DRIFT
@@ -98,6 +94,8 @@ class Detector:
     opened: deque[Regression] = field(default_factory=deque)
     """Regressions opened, in order: all of them (replay), or the last ``keep_opened``."""
     keep_opened: int | None = 10_000
+    closed: deque[Regression] = field(default_factory=deque)
+    """Regressions closed, in order of closing (as many as ``opened`` keeps)."""
     latest: dict[RegressionKey, BoundaryTest] = field(default_factory=dict)
     """The comparisons of the last evaluated boundary."""
     through_ms: int | None = None
@@ -106,6 +104,9 @@ class Detector:
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
     _canaried: set[SliceKey] = field(default_factory=set)
     """New versions that served beside their previous one (a canary phase)."""
+    _spent: set[RunKey] = field(default_factory=set)
+    """Runs whose regression closed: a run's evidence includes the bad hours, so it never
+    opens again (a new run, the next drift period or deploy, may)."""
     _running: dict[RunKey, float] = field(default_factory=dict)
     """The smallest 1 / closed e-value so far of each run of a sequential test."""
     _last_log_e: dict[RunKey, float] = field(default_factory=dict)
@@ -114,29 +115,26 @@ class Detector:
     _period: int | None = None
     _family: frozenset[SliceKey] = frozenset()
     _watched: tuple[MetricKey, ...] = ()
+    tests: TestBook = field(init=False)
+    """Every comparison held, running or not (``/api/v1/tests``)."""
+    _life: Lifecycle = field(init=False)
 
     def __post_init__(self) -> None:
         self.opened = deque(maxlen=self.keep_opened)
+        self.closed = deque(maxlen=self.keep_opened)
         self._watched = self.config.watched
+        self.tests = TestBook(self._watched)
+        self._life = Lifecycle(self.config, self._series, self._deploys, self._watched)
 
     def add(self, windows: Iterable[ClosedWindow]) -> None:
         """Merge closed windows (any partition, any order; a repeat replaces its copy)."""
-        metrics = self.config.metrics
-        share = self.config.labelled_share
-        width = 3 * len(self._watched)
-        empty = Moments()
+        metrics, share = self.config.metrics, self.config.labelled_share
         for w in windows:
-            row: list[int] = []
-            for name in metrics:
-                m = w.metrics.get(name, empty)
-                row += (m.count, m.sum_fx, m.sum_sq_fx)
-            if share:  # a 0/1 value per finalised query
-                row += (w.queries, w.labelled * SCALE, w.labelled * SCALE)
             key = (w.retriever, w.segment)
             series = self._series.get(key)
             if series is None:
-                series = self._series[key] = SliceHistory(width)
-            series.add(w.start_ms, w.partition, row)
+                series = self._series[key] = SliceHistory(3 * len(self._watched))
+            series.add(w.start_ms, w.partition, window_row(w, metrics, share))
 
     def advance(self, closed_through_ms: int) -> list[Regression]:
         """Evaluate every boundary up to ``closed_through_ms``; return the regressions opened."""
@@ -174,33 +172,28 @@ class Detector:
     # -- one boundary ---------------------------------------------------------------------
 
     def _evaluate(self, boundary: int) -> list[Regression]:
-        cfg = self.config
-        results = self._look(self._plan(boundary))
+        plans = self._plan(boundary)
+        results = self._look(plans)
         self.latest = {c.key: c for c in results}
+        self.tests.looked(results, boundary)
         opened: list[Regression] = []
-        for c in results:
+        for plan, c in zip(plans, results, strict=True):
             current = self.open.get(c.key)
-            if c.regressed:
-                if current is None:
-                    regression = Regression(
-                        opening=c,
-                        latest=c,
-                        opened_ms=boundary + cfg.attribution_ms,
-                        evidence_end_ms=boundary,
-                        last_true_ms=boundary,
-                    )
-                    self.open[c.key] = regression
-                    self.opened.append(regression)
-                    opened.append(regression)
-                else:
-                    current.latest = c
-                    current.last_true_ms = boundary
-            elif current is not None:
+            if current is not None:
                 current.latest = c
-        for open_key, regression in list(self.open.items()):
-            if boundary - regression.last_true_ms >= cfg.close_after_ms:
-                regression.closed_ms = boundary + cfg.attribution_ms
-                del self.open[open_key]
+            elif c.regressed and run_key(plan) not in self._spent:
+                regression = self._life.open(plan, c, boundary)
+                self.open[c.key] = regression
+                self.opened.append(regression)
+                opened.append(regression)
+        for regression in list(self.open.values()):
+            reason = self._life.age(regression, boundary)
+            if reason is not None:
+                regression.closed_ms = boundary + self.config.attribution_ms
+                regression.closed_reason = reason
+                del self.open[regression.key]
+                self.closed.append(regression)
+                self._spent.add(regression.run)
         return opened
 
     def _plan(self, boundary: int) -> list[Plan]:
@@ -210,19 +203,36 @@ class Detector:
         period = cfg.drift_period_start(boundary)
         drift_family = self._drift_family(period)
         pooled: dict[tuple[str, str], list[Comparison]] = {}
+        book = self.tests
         for key, series in self._series.items():
             deploy = self._deploy(key, series, boundary)
-            if deploy is not None and boundary <= deploy.at_ms + cfg.deploy_watch_ms:
+            if deploy is None:
+                if key in self._deploys:  # decided: seen from the start of the history
+                    book.stopped(key, DEPLOY, None, WhyNot.NO_BASELINE)
+            elif boundary > deploy.at_ms + cfg.deploy_watch_ms:
+                book.stopped(key, book.kind_of(key), deploy.previous, WhyNot.WATCH_ENDED)
+            else:
                 comparison = self._plan_deploy(key, series, deploy, boundary)
                 if comparison is not None:
+                    book.compared(key, *comparison)
                     planned += slice_plans(key, comparison, self._watched, cfg.min_labelled)
                     pooled.setdefault((key[0], deploy.previous), []).append(comparison)
+                else:
+                    serving = any(series.total(boundary - cfg.candidate_ms, boundary)[0::3])
+                    why = WhyNot.WATCH_ENDED if serving else WhyNot.NOT_SERVING
+                    book.stopped(key, book.kind_of(key), deploy.previous, why)
             if key in drift_family:
                 base = series.total(period - DAY_MS, boundary - DAY_MS)
                 candidate = series.total(period, boundary)
                 family = Family(DRIFT, DRIFT_LABEL, cfg.drift_alpha, len(drift_family), period)
-                drift = (family, base, candidate)
-                planned += slice_plans(key, drift, self._watched, cfg.min_labelled)
+                book.compared(key, family, base, candidate)
+                planned += slice_plans(
+                    key, (family, base, candidate), self._watched, cfg.min_labelled
+                )
+            else:
+                young = series.first_start_ms is None or series.first_start_ms > period - DAY_MS
+                why = WhyNot.NO_BASELINE if young else WhyNot.TOO_FEW_VALUES
+                book.stopped(key, DRIFT, DRIFT_LABEL, why)
         for (retriever, previous), group in pooled.items():
             if len(group) > 1:
                 planned += self._pooled_plans(retriever, previous, group)
@@ -233,7 +243,7 @@ class Detector:
     ) -> Comparison | None:
         """The canary comparison while the previous version serves beside the new one, the
         deploy comparison once it does not; nothing once the new version itself stopped
-        serving (a rollback: its regression closes after ``close_after_ms``)."""
+        serving (a rollback: :mod:`service.detect.lifecycle` closes its regression)."""
         cfg = self.config
         recent_from = boundary - cfg.candidate_ms
         if not any(series.total(recent_from, boundary)[0::3]):
@@ -283,35 +293,21 @@ class Detector:
             if r == retriever and d is not None and d.previous == previous
         )
         family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
+        base = [sum(col) for col in zip(*(b for _, b, _ in group), strict=True)]
+        candidate = [sum(col) for col in zip(*(c for _, _, c in group), strict=True)]
+        self.tests.compared((retriever, POOLED_SEGMENT), family, base, candidate)
         return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
 
     def _look(self, plans: list[Plan]) -> list[BoundaryTest]:
-        """Measure every plan, close the e-values over each slice's metrics (a metric
-        not tested now counts with its run's latest e-value, or 1), conclude."""
-        measured = [measure(plan, self.config.tau) for plan in plans]
-        runs = [(*p.slice, p.metric, p.family.kind, p.family.start_ms) for p in plans]
-        for run, m in zip(runs, measured, strict=True):
-            self._last_log_e[run] = m.result.log_e_drop
-        groups: dict[tuple[SliceKey, Family], list[int]] = {}
-        for i, plan in enumerate(plans):
-            groups.setdefault((plan.slice, plan.family), []).append(i)
-        closed = [0.0] * len(plans)
-        for (key, family), members in groups.items():
-            logs = [
-                self._last_log_e.get((*key, metric, family.kind, family.start_ms), 0.0)
-                for metric in self._watched
-            ]
-            by_metric = dict(zip(self._watched, closed_log_means(logs), strict=True))
-            for i in members:
-                closed[i] = by_metric[plans[i].metric]
-        out = []
-        for plan, run, m, log_e in zip(plans, runs, measured, closed, strict=True):
-            test, smallest = conclude(
-                plan, m, log_e, self.config.min_effect, self._running.get(run)
-            )
-            self._running[run] = smallest
-            out.append(test)
-        return out
+        cfg = self.config
+        return look(
+            plans,
+            self._watched,
+            cfg.tau,
+            cfg.min_effect,
+            last_log_e=self._last_log_e,
+            running=self._running,
+        )
 
     def _drift_family(self, period: int) -> frozenset[SliceKey]:
         """The slices drift-tested in the period starting at ``period``: those with
@@ -376,7 +372,9 @@ class Detector:
         deployed = {retriever for retriever, _ in self._deploys}
         self._canaried = {k for k in self._canaried if k[0] in deployed}
         self._running = {k: p for k, p in self._running.items() if self._live(k, boundary)}
+        self._spent = {k for k in self._spent if self._live(k, boundary)}
         self._last_log_e = {k: e for k, e in self._last_log_e.items() if self._live(k, boundary)}
+        self.tests.forget(set(self._series))
 
     def _live(self, run: RunKey, boundary: int) -> bool:
         """This drift period's runs, and deploys still watched."""

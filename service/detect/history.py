@@ -14,8 +14,26 @@ Any span then costs two binary searches and a subtraction.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
+
+from service.metrics.aggregates import SCALE, Moments
+from service.metrics.ir import MetricKey
+from service.stream.windows import ClosedWindow
 
 Row = list[int]
+EMPTY = Moments()
+
+
+def window_row(window: ClosedWindow, metrics: Iterable[MetricKey], labelled_share: bool) -> Row:
+    """A window's row: (count, sum_fx, sum_sq_fx) of each metric, then of the labelled
+    share (a 0/1 value per finalised query) when it is watched."""
+    row: Row = []
+    for name in metrics:
+        m = window.metrics.get(name, EMPTY)
+        row += (m.count, m.sum_fx, m.sum_sq_fx)
+    if labelled_share:
+        row += (window.queries, window.labelled * SCALE, window.labelled * SCALE)
+    return row
 
 
 def _plus(a: Row, b: Row) -> Row:
@@ -81,6 +99,13 @@ class SliceHistory:
         i = bisect.bisect_left(self._starts, lo_ms)
         j = bisect.bisect_left(self._starts, hi_ms)
         return [b - a for a, b in zip(self._prefix[i], self._prefix[j], strict=True)]
+
+    def rows(self, lo_ms: int, hi_ms: int) -> list[tuple[int, Row]]:
+        """Each window starting in ``[lo_ms, hi_ms)`` as (start, row), oldest first (merged
+        over partitions; the rows are the history's own: do not change them)."""
+        i = bisect.bisect_left(self._starts, lo_ms)
+        j = bisect.bisect_left(self._starts, hi_ms)
+        return [(start, self._values[start]) for start in self._starts[i:j]]
 
     def _flush(self) -> None:
         if self._dirty is None:

@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from service.detect.budget import DRIFT_BUDGET_SPAN_MS, drift_alpha
+from service.detect.recovery import Recovery
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
 from service.metrics.sequential import SequentialResult
@@ -33,6 +34,20 @@ class ComparisonKind(StrEnum):
     DEPLOY = "deploy"
     CANARY = "canary"
     DRIFT = "drift"
+
+
+class CloseReason(StrEnum):
+    """Why a regression closed (a regression never closes because its test stopped).
+
+    ``rolled_back``: the version stopped serving in the slice and a version that served
+    before it serves instead. ``superseded``: a version that appeared after it serves
+    instead. ``recovered``: it still serves, and the recovery test showed the drop gone
+    (:mod:`service.detect.lifecycle`).
+    """
+
+    ROLLED_BACK = "rolled_back"
+    SUPERSEDED = "superseded"
+    RECOVERED = "recovered"
 
 
 LABELLED_SHARE: MetricKey = "labelled_share"
@@ -91,6 +106,8 @@ class DetectorConfig:
     """Drift tests restart every period (epoch-aligned), each spending its share of the
     budget; a slice is compared with itself one day earlier over the same hours."""
     close_after_ms: int = duration_field("1h")
+    """A regression closes as ``recovered`` once its recovery test has shown the drop gone
+    at every boundary for this long (:mod:`service.detect.lifecycle`)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -220,18 +237,47 @@ class BoundaryTest:
 
 @dataclass(slots=True)
 class Regression:
-    """An open (or closed) regression of one metric of one slice against one baseline."""
+    """A regression of one metric of one slice against one baseline: open until its
+    version stops serving or its recovery test shows the drop gone (never because a test
+    stopped running)."""
 
     opening: BoundaryTest
     latest: BoundaryTest
+    """The latest look of its comparison (the opening one, or a later one while the
+    comparison still runs)."""
     opened_ms: int
     """Event time at which the evidence was complete (its last window end + attribution)."""
     evidence_end_ms: int
-    last_true_ms: int
+    since_ms: int
+    """When the regressed version began serving in the slice (its deploy), as the detector
+    saw it: a version first seen before this that serves instead of it is a rollback."""
+    slices: tuple[SliceKey, ...]
+    """The regressed version's slices: its own, or each segment of a pooled deploy."""
+    recovery: Recovery | None
+    """The recovery test (None: the baseline's profile covers no hour of the day)."""
+    recovery_log_e: float = 0.0
+    """The recovery test's statistic at the last boundary (log of its e-value)."""
+    recovered_since_ms: int | None = None
+    """The first boundary of the current run of boundaries at which the recovery test
+    showed the drop gone."""
+    run_start_ms: int = 0
+    """When the run of the test that opened it began (its deploy, or drift period)."""
     closed_ms: int | None = None
+    closed_reason: CloseReason | None = None
+
+    @property
+    def key(self) -> RegressionKey:
+        return self.opening.key
+
+    @property
+    def run(self) -> tuple[str, str, MetricKey, ComparisonKind, int]:
+        """The run of the sequential test that opened it."""
+        c = self.opening
+        return (c.retriever, c.segment, c.metric, c.kind, self.run_start_ms)
 
     def to_record(self) -> dict[str, Any]:
-        """The ``replay --regressions-out`` line."""
+        """The ``replay --regressions-out`` line (``closed_at`` and ``closed_reason`` are
+        null while it is open)."""
         c = self.opening
         ci_low, ci_high = c.ci  # (computed when asked for: once)
         return {
@@ -254,6 +300,8 @@ class Regression:
             "n_candidate": c.n_candidate,
             "opened_at": rfc3339(self.opened_ms),
             "evidence_end": rfc3339(self.evidence_end_ms),
+            "closed_at": None if self.closed_ms is None else rfc3339(self.closed_ms),
+            "closed_reason": None if self.closed_reason is None else str(self.closed_reason),
         }
 
 

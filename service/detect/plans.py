@@ -17,13 +17,14 @@ from service.detect.budget import slice_level
 from service.detect.model import (
     POOLED_SEGMENT,
     BoundaryTest,
+    ComparisonKind,
     Family,
     Plan,
     Sums,
 )
 from service.metrics.aggregates import Moments
 from service.metrics.ir import MetricKey
-from service.metrics.sequential import SequentialResult, msprt_strata, running_p
+from service.metrics.sequential import SequentialResult, closed_log_means, msprt_strata, running_p
 from service.stream.windows import SliceKey
 
 STRATUM_MIN = 30
@@ -31,6 +32,13 @@ STRATUM_MIN = 30
 (its variance estimate is then usable; its weight is small anyway)."""
 Comparison = tuple[Family, Sums, Sums]
 """A slice's family, baseline sums and candidate sums at one boundary."""
+RunKey = tuple[str, str, MetricKey, ComparisonKind, int]
+"""(retriever, segment, metric, kind, start): one run of one sequential test."""
+
+
+def run_key(plan: Plan) -> RunKey:
+    """The run of the sequential test a plan looks at."""
+    return (*plan.slice, plan.metric, plan.family.kind, plan.family.start_ms)
 
 
 def moments(flat: Sums, index: int) -> Moments:
@@ -146,3 +154,38 @@ def conclude(
         regressed=closed_log_e >= -math.log(level) and -r.delta >= min_effect,
     )
     return test, smallest
+
+
+def look(
+    plans: list[Plan],
+    watched: tuple[MetricKey, ...],
+    tau: float,
+    min_effect: float,
+    *,
+    last_log_e: dict[RunKey, float],
+    running: dict[RunKey, float],
+) -> list[BoundaryTest]:
+    """Measure every plan of a boundary, close the e-values over each slice's metrics (a
+    metric not tested now counts with its run's latest e-value, or 1), conclude; keeps
+    each run's latest log e-value and smallest p in ``last_log_e`` and ``running``."""
+    measured = [measure(plan, tau) for plan in plans]
+    runs = [run_key(p) for p in plans]
+    for run, m in zip(runs, measured, strict=True):
+        last_log_e[run] = m.result.log_e_drop
+    groups: dict[tuple[SliceKey, Family], list[int]] = {}
+    for i, plan in enumerate(plans):
+        groups.setdefault((plan.slice, plan.family), []).append(i)
+    closed = [0.0] * len(plans)
+    for (key, family), members in groups.items():
+        logs = [
+            last_log_e.get((*key, metric, family.kind, family.start_ms), 0.0) for metric in watched
+        ]
+        by_metric = dict(zip(watched, closed_log_means(logs), strict=True))
+        for i in members:
+            closed[i] = by_metric[plans[i].metric]
+    out = []
+    for plan, run, m, log_e in zip(plans, runs, measured, closed, strict=True):
+        test, smallest = conclude(plan, m, log_e, min_effect, running.get(run))
+        running[run] = smallest
+        out.append(test)
+    return out

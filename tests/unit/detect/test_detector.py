@@ -200,27 +200,6 @@ def test_versions_present_from_the_start_are_not_a_deploy() -> None:
     assert not detector.opened
 
 
-def test_hysteresis_keeps_it_open_then_closes_it() -> None:
-    config = DetectorConfig(metrics=("recall@5",), deploy_watch_ms=H, close_after_ms=H)
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.85, 40, seed=1)
-    windows += traffic("v8", deploy, 1, 0.6, 40, seed=2)  # bad first hour
-    windows += traffic("v8", deploy + H, 8, 0.85, 40, seed=3)  # then fine
-    detector = Detector(config)
-    detector.add(windows)
-    detector.advance(deploy + H)
-    key = ("v8", "kb", "recall@5", "v7")
-    assert key in detector.open
-    detector.advance(deploy + H + W)  # the deploy watch is over: not tested any more ...
-    assert key in detector.open  # ... but it stays open for close_after
-    detector.advance(deploy + 2 * H + W)
-    assert key not in detector.open
-    closed = detector.opened[0]
-    assert closed.closed_ms is not None
-    assert closed.closed_ms > closed.opened_ms
-    assert len(detector.opened) == 1
-
-
 def _cycled(
     retriever: str,
     start: int,

@@ -1,0 +1,162 @@
+"""A regression's life after it opens: what keeps it open and the three things that close it.
+
+A regression stays open while the version it names serves and no test has shown it
+recovered. The end of its comparison's watch, too few values, or any other reason a
+test stops never closes it. It closes (contract, "A regression's life") when:
+
+* **rolled_back**: the version served nothing in the slice (every segment of a pooled
+  deploy) for ``candidate_ms`` while a version that served before it did;
+* **superseded**: the same, but the version serving instead appeared after it;
+* **recovered**: it still serves, and its recovery test (:mod:`service.detect.recovery`)
+  has shown the drop gone at every boundary for ``close_after_ms``.
+
+Traffic that stops altogether is no evidence: the regression stays open.
+"""
+
+from __future__ import annotations
+
+from service.detect.history import SliceHistory
+from service.detect.model import (
+    POOLED_SEGMENT,
+    BoundaryTest,
+    CloseReason,
+    ComparisonKind,
+    Deploy,
+    DetectorConfig,
+    Plan,
+    Regression,
+)
+from service.detect.recovery import (
+    RECOVERY_MEMORY_MS,
+    Row,
+    profile,
+    recovery_drop,
+    recovery_threshold,
+)
+from service.metrics.ir import MetricKey
+from service.stream.windows import SliceKey
+from service.times import DAY_MS
+
+
+def replacement(
+    retriever: str,
+    baseline: str,
+    since_ms: int,
+    serving: dict[str, int | None],
+) -> CloseReason | None:
+    """Why a version that stopped serving closes, given the versions serving instead
+    (name -> the start of their first window the detector holds): a rollback when the
+    baseline or a version seen before it serves, else superseded; None when nothing
+    serves instead (no traffic is no evidence)."""
+    others = {name: first for name, first in serving.items() if name != retriever}
+    if not others:
+        return None
+    if baseline in others or any(
+        first is not None and first < since_ms for first in others.values()
+    ):
+        return CloseReason.ROLLED_BACK
+    return CloseReason.SUPERSEDED
+
+
+class Lifecycle:
+    """Ages the open regressions at each boundary, over the detector's slice histories."""
+
+    def __init__(
+        self,
+        config: DetectorConfig,
+        series: dict[SliceKey, SliceHistory],
+        deploys: dict[SliceKey, Deploy | None],
+        watched: tuple[MetricKey, ...],
+    ) -> None:
+        self.config = config
+        self.series = series
+        """The detector's own histories (the same mapping, read only here)."""
+        self.deploys = deploys
+        """The detector's deploys (the same mapping, read only here)."""
+        self.watched = watched
+        self.threshold = recovery_threshold(config.window_ms)
+
+    def open(self, plan: Plan, c: BoundaryTest, boundary: int) -> Regression:
+        """A regression of this look: its slices, since when its version serves, and the
+        frozen baseline of its recovery test."""
+        family = plan.family
+        retriever, segment = plan.slice
+        if segment == POOLED_SEGMENT:
+            segments = sorted(
+                s
+                for (r, s), d in self.deploys.items()
+                if r == retriever and d is not None and d.previous == family.baseline
+            )
+        else:
+            segments = [segment]
+        slices = tuple((retriever, s) for s in segments)
+        if family.kind == ComparisonKind.DRIFT:  # against itself, the day before the period
+            series = self.series[plan.slice]
+            since = series.first_start_ms if series.first_start_ms is not None else boundary
+            baseline = series.rows(family.start_ms - DAY_MS, family.start_ms)
+        else:  # the previous version's last day of serving
+            since = family.start_ms
+            baseline = []
+            for s in segments:
+                previous = self.series.get((family.baseline, s))
+                if previous is not None:
+                    served = [start for start in previous.starts if start < boundary]
+                    if served:
+                        end = served[-1] + self.config.window_ms
+                        baseline += previous.rows(end - DAY_MS, end)
+        recovery = profile(
+            baseline,
+            self.watched.index(plan.metric),
+            recovery_drop(c.delta, self.config.min_effect),
+        )
+        return Regression(
+            opening=c,
+            latest=c,
+            opened_ms=boundary + self.config.attribution_ms,
+            evidence_end_ms=boundary,
+            since_ms=since,
+            slices=slices,
+            recovery=recovery,
+            run_start_ms=family.start_ms,
+        )
+
+    def age(self, regression: Regression, boundary: int) -> CloseReason | None:
+        """Why the regression closes at this boundary, or None: it stays open (and its
+        recovery statistic is brought up to date)."""
+        lo = boundary - self.config.candidate_ms
+        retriever = regression.opening.retriever
+        if not any(self._serves(key, lo, boundary) for key in regression.slices):
+            segments = {segment for _, segment in regression.slices}
+            serving = {
+                r: series.first_start_ms
+                for (r, s), series in self.series.items()
+                if s in segments and self._serves((r, s), lo, boundary)
+            }
+            return replacement(retriever, regression.opening.baseline, regression.since_ms, serving)
+        recovery = regression.recovery
+        if recovery is None:
+            return None
+        start = max(regression.evidence_end_ms, boundary - RECOVERY_MEMORY_MS)
+        merged: dict[int, Row] = {}
+        for key in regression.slices:
+            series = self.series.get(key)
+            for window_start, row in series.rows(start, boundary) if series else ():
+                current = merged.get(window_start)
+                merged[window_start] = row if current is None else _plus(current, row)
+        regression.recovery_log_e = recovery.statistic(sorted(merged.items()))
+        if regression.recovery_log_e < self.threshold:
+            regression.recovered_since_ms = None
+            return None
+        if regression.recovered_since_ms is None:
+            regression.recovered_since_ms = boundary
+        if boundary - regression.recovered_since_ms >= self.config.close_after_ms:
+            return CloseReason.RECOVERED
+        return None
+
+    def _serves(self, key: SliceKey, lo: int, hi: int) -> bool:
+        series = self.series.get(key)
+        return series is not None and any(series.total(lo, hi)[0::3])
+
+
+def _plus(a: Row, b: Row) -> Row:
+    return [x + y for x, y in zip(a, b, strict=True)]
