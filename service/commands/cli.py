@@ -121,7 +121,14 @@ def _add_streaming_commands(commands: Any) -> None:
         "--windows-out", help="write closed windows as JSON lines here ('-': stdout)"
     )
     replay.add_argument(
-        "--regressions-out", help="write each regression opened as a JSON line ('-': stdout)"
+        "--regressions-out",
+        help="write every regression opened as a JSON line, with closed_at and closed_reason "
+        "(null while still open at the end of the input) ('-': stdout)",
+    )
+    replay.add_argument(
+        "--tests-out",
+        help="write every comparison the detector holds at the end of the input, running or "
+        "not and why not, as JSON lines ('-': stdout)",
     )
     replay.add_argument(
         "--labels-out", help="write the labels output (one line per labelled query) here"
@@ -195,8 +202,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    if args.windows_out == "-" and args.regressions_out == "-":
-        raise ConfigError("--windows-out and --regressions-out cannot both be '-' (stdout)")
+    to_stdout = [
+        flag
+        for flag, value in (
+            ("--windows-out", args.windows_out),
+            ("--regressions-out", args.regressions_out),
+            ("--tests-out", args.tests_out),
+        )
+        if value == "-"
+    ]
+    if len(to_stdout) > 1:
+        raise ConfigError(f"{' and '.join(to_stdout)} cannot both be '-' (stdout): choose one")
     settings = settings_from_args(args)
     config = monitor_config(settings)
     out = None
@@ -235,12 +251,9 @@ def _replay(args: argparse.Namespace) -> int:
             out.close()
         if labels_out is not None:
             labels_out.close()
-    if args.regressions_out:
-        lines = b"".join(orjson.dumps(r.to_record()) + b"\n" for r in monitor.detector.opened)
-        if args.regressions_out == "-":
-            sys.stdout.buffer.write(lines)
-        else:
-            Path(args.regressions_out).write_bytes(lines)
+    detector = monitor.detector
+    _write_lines(args.regressions_out, [r.to_record() for r in detector.opened])
+    _write_lines(args.tests_out, [row.to_record() for row in detector.comparisons.select()])
     c = monitor.pipeline.counts
     print(
         f"replayed {report.lines} lines: {report.invalid} invalid, "
@@ -248,10 +261,21 @@ def _replay(args: argparse.Namespace) -> int:
         + f"{report.windows} windows, "
         f"{sum(c.late.values())} late, {sum(c.duplicates.values())} duplicates, "
         f"{sum(c.unmatched.values())} unmatched feedback, "
-        f"{len(monitor.detector.opened)} regressions opened",
+        f"{len(detector.opened)} regressions opened ({len(detector.closed)} closed since)",
         file=sys.stderr,
     )
     return 0
+
+
+def _write_lines(path: str | None, records: list[dict[str, Any]]) -> None:
+    """JSON lines to a file, or to stdout for ``-`` (nothing without a path)."""
+    if not path:
+        return
+    lines = b"".join(orjson.dumps(r) + b"\n" for r in records)
+    if path == "-":
+        sys.stdout.buffer.write(lines)
+    else:
+        Path(path).write_bytes(lines)
 
 
 def _simulate(args: argparse.Namespace) -> int:

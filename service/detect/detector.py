@@ -75,7 +75,7 @@ from service.detect.model import (
     Sums,
 )
 from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
-from service.detect.status import TestBook, WhyNot
+from service.detect.status import ComparisonBook, WhyNot
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
@@ -115,7 +115,7 @@ class Detector:
     _period: int | None = None
     _family: frozenset[SliceKey] = frozenset()
     _watched: tuple[MetricKey, ...] = ()
-    tests: TestBook = field(init=False)
+    comparisons: ComparisonBook = field(init=False)
     """Every comparison held, running or not (``/api/v1/tests``)."""
     _life: Lifecycle = field(init=False)
 
@@ -123,7 +123,7 @@ class Detector:
         self.opened = deque(maxlen=self.keep_opened)
         self.closed = deque(maxlen=self.keep_opened)
         self._watched = self.config.watched
-        self.tests = TestBook(self._watched)
+        self.comparisons = ComparisonBook(self._watched)
         self._life = Lifecycle(self.config, self._series, self._deploys, self._watched)
 
     def add(self, windows: Iterable[ClosedWindow]) -> None:
@@ -175,7 +175,7 @@ class Detector:
         plans = self._plan(boundary)
         results = self._look(plans)
         self.latest = {c.key: c for c in results}
-        self.tests.looked(results, boundary)
+        self.comparisons.looked(results, boundary)
         opened: list[Regression] = []
         for plan, c in zip(plans, results, strict=True):
             current = self.open.get(c.key)
@@ -203,7 +203,7 @@ class Detector:
         period = cfg.drift_period_start(boundary)
         drift_family = self._drift_family(period)
         pooled: dict[tuple[str, str], list[Comparison]] = {}
-        book = self.tests
+        book = self.comparisons
         for key, series in self._series.items():
             deploy = self._deploy(key, series, boundary)
             if deploy is None:
@@ -295,7 +295,7 @@ class Detector:
         family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
         base = [sum(col) for col in zip(*(b for _, b, _ in group), strict=True)]
         candidate = [sum(col) for col in zip(*(c for _, _, c in group), strict=True)]
-        self.tests.compared((retriever, POOLED_SEGMENT), family, base, candidate)
+        self.comparisons.compared((retriever, POOLED_SEGMENT), family, base, candidate)
         return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
 
     def _look(self, plans: list[Plan]) -> list[BoundaryTest]:
@@ -374,7 +374,7 @@ class Detector:
         self._running = {k: p for k, p in self._running.items() if self._live(k, boundary)}
         self._spent = {k for k in self._spent if self._live(k, boundary)}
         self._last_log_e = {k: e for k, e in self._last_log_e.items() if self._live(k, boundary)}
-        self.tests.forget(set(self._series))
+        self.comparisons.forget(set(self._series))
 
     def _live(self, run: RunKey, boundary: int) -> bool:
         """This drift period's runs, and deploys still watched."""

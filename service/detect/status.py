@@ -1,7 +1,7 @@
 """Every comparison the detector holds, running or not, and why not: the answer to "why
 did nothing open" (``GET /api/v1/tests``, ``replay --tests-out``).
 
-At each boundary the detector tells a :class:`TestBook` what it compared and what it
+At each boundary the detector tells a :class:`ComparisonBook` what it compared and what it
 could not compare and why; the book keeps one row per (slice, metric, kind of test),
 with the numbers of the latest look (kept when the test stops, so a stopped test still
 shows where it ended).
@@ -36,12 +36,12 @@ class WhyNot(StrEnum):
     """The version served nothing in the last ``REGRESSION_CANDIDATE``."""
 
 
-TestKey = tuple[str, str, MetricKey, ComparisonKind]
+ComparisonKey = tuple[str, str, MetricKey, ComparisonKind]
 """(retriever, segment, metric, kind of test)."""
 
 
 @dataclass(slots=True)
-class TestStatus:
+class ComparisonStatus:
     """One comparison: running or not, and its latest look."""
 
     retriever: str
@@ -84,12 +84,12 @@ class TestStatus:
         }
 
 
-class TestBook:
+class ComparisonBook:
     """The comparisons of every slice the detector holds."""
 
     def __init__(self, watched: tuple[MetricKey, ...]) -> None:
         self.watched = watched
-        self.rows: dict[TestKey, TestStatus] = {}
+        self.rows: dict[ComparisonKey, ComparisonStatus] = {}
         self.boundary_ms: int | None = None
 
     def compared(self, key: SliceKey, family: Family, base: Sums, candidate: Sums) -> None:
@@ -98,7 +98,8 @@ class TestBook:
         for index, metric in enumerate(self.watched):
             b, c = moments(base, index), moments(candidate, index)
             row = self._row(key, metric, family.kind, family.baseline)
-            row.since_ms = family.start_ms
+            if row.since_ms != family.start_ms:  # a new run: the last one's look is not its
+                row.since_ms, row.look, row.looked_ms = family.start_ms, None, None
             row.n_baseline, row.n_candidate = b.count, c.count
             row.why_not = WhyNot.TOO_FEW_VALUES
 
@@ -132,7 +133,9 @@ class TestBook:
             if (k[0], k[1]) in keep or (k[1] == "*" and k[0] in retrievers)
         }
 
-    def select(self, retriever: str | None = None, segment: str | None = None) -> list[TestStatus]:
+    def select(
+        self, retriever: str | None = None, segment: str | None = None
+    ) -> list[ComparisonStatus]:
         """The rows of these slices (all when None), in order."""
         return [
             row
@@ -142,11 +145,13 @@ class TestBook:
 
     def _row(
         self, key: SliceKey, metric: MetricKey, kind: ComparisonKind, baseline: str | None
-    ) -> TestStatus:
+    ) -> ComparisonStatus:
         test_key = (*key, metric, kind)
         row = self.rows.get(test_key)
         if row is None:
-            row = self.rows[test_key] = TestStatus(key[0], key[1], metric, kind, baseline, None)
+            row = self.rows[test_key] = ComparisonStatus(
+                key[0], key[1], metric, kind, baseline, None
+            )
             if kind == ComparisonKind.DEPLOY:  # a promoted canary: one comparison, one row
                 self.rows.pop((*key, metric, ComparisonKind.CANARY), None)
         elif baseline is not None:

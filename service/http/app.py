@@ -11,24 +11,23 @@ from __future__ import annotations
 
 import gzip
 import html
-import re
 from typing import Annotated
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from pydantic import BaseModel
 
 from service import __version__
 from service.core.state import ServiceState
-from service.http.deps import State, span_ms
+from service.http.deps import State, since_param, span_ms
 from service.http.exporter import build_registry
 from service.http.health import broker_unready, liveness
 from service.http.regressions import router as regressions_router
 from service.metrics.aggregates import Moments
 from service.stream.windows import SliceTotals
 from service.times import duration_label as span_label
-from service.times import parse_aware_ms, rfc3339
+from service.times import rfc3339
 
 
 class MetricValue(BaseModel):
@@ -101,27 +100,12 @@ ROUTES = {
     "/api/v1/rolling?window=1h": "rolling metrics per retriever and segment, with 95% intervals",
     "/api/v1/windows": "closed windows (retriever=, segment=, since=)",
     "/api/v1/compare?baseline=A&candidate=B&window=24h": "two versions, metric by metric",
-    "/api/v1/regressions": "the open regressions",
+    "/api/v1/regressions": "the open regressions (state=open|closed|all, since=)",
+    "/api/v1/tests": "every comparison the detector holds, running or not and why not "
+    "(retriever=, segment=)",
     "/docs": "the OpenAPI documentation of the API",
 }
 """What ``GET /`` links."""
-
-_EPOCH_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{0,9})?")
-
-
-def _since(since: str | None) -> int | None:
-    if since is None or since == "":
-        return None
-    if _EPOCH_SECONDS.fullmatch(since):  # ASCII digits only: "²".isdigit() is True
-        return round(float(since) * 1000)
-    since_ms = parse_aware_ms(since)
-    if since_ms is None:
-        raise HTTPException(
-            status_code=422,
-            detail="since must be RFC 3339 with a UTC offset (2026-12-02T08:00:00Z) "
-            "or Unix epoch seconds",
-        )
-    return since_ms
 
 
 def create_app(state: ServiceState) -> FastAPI:
@@ -220,7 +204,7 @@ def create_app(state: ServiceState) -> FastAPI:
         since: Annotated[str | None, Query(max_length=40)] = None,
     ) -> WindowsResponse:
         """Closed windows (merged over partitions), oldest first."""
-        since_ms = _since(since)
+        since_ms = since_param(since)
         pipeline = service.pipeline
         with service.lock:
             rows = service.view.closed.listing(retriever or None, segment or None, since_ms)

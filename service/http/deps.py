@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
 from service.core.state import ServiceState
-from service.times import parse_duration_ms
+from service.times import parse_aware_ms, parse_duration_ms
 
 MAX_SPAN_MS = 366 * 86_400_000
 
@@ -21,6 +22,26 @@ def span_ms(window: str) -> int:
     if not 0 < span <= MAX_SPAN_MS:
         raise HTTPException(status_code=422, detail="window must be between 1s and 366d")
     return span
+
+
+_EPOCH_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{0,9})?")
+
+
+def since_param(since: str | None) -> int | None:
+    """A ``since`` parameter (RFC 3339 with an offset, or Unix epoch seconds) in
+    milliseconds, None when absent, or a 422."""
+    if since is None or since == "":
+        return None
+    if _EPOCH_SECONDS.fullmatch(since):  # ASCII digits only: "²".isdigit() is True
+        return round(float(since) * 1000)
+    since_ms = parse_aware_ms(since)
+    if since_ms is None:
+        raise HTTPException(
+            status_code=422,
+            detail="since must be RFC 3339 with a UTC offset (2026-12-02T08:00:00Z) "
+            "or Unix epoch seconds",
+        )
+    return since_ms
 
 
 def get_state(request: Request) -> ServiceState:

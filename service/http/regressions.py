@@ -1,15 +1,17 @@
-"""HTTP routes of the detector: ``/api/v1/compare`` and ``/api/v1/regressions``."""
+"""HTTP routes of the detector: compare, regressions and tests (its comparisons)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import math
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel
 
 from service.detect.compare import compare_metrics
 from service.detect.model import BoundaryTest, Regression
-from service.http.deps import State, span_ms
+from service.detect.recovery import recovery_threshold
+from service.http.deps import State, since_param, span_ms
 from service.metrics.aggregates import MetricAggregates, merge
 from service.stream.windows import SliceTotals
 from service.times import duration_label, rfc3339
@@ -54,7 +56,8 @@ class CompareResponse(BaseModel):
 
 
 class RegressionView(BaseModel):
-    """An open regression: how it opened and the latest test."""
+    """A regression: how it opened, its comparison's latest look, its recovery test, and
+    how it closed (null while open)."""
 
     retriever: str
     segment: str
@@ -86,13 +89,63 @@ class RegressionView(BaseModel):
     """This test's share of it (Bonferroni over the family's slices)."""
     n_baseline: int
     n_candidate: int
+    state: str
+    """``open`` or ``closed``."""
+    closed_at: str | None
+    closed_reason: str | None
+    """``rolled_back`` (a version that served before it serves instead), ``superseded``
+    (a newer version does) or ``recovered`` (its recovery test showed the drop gone)."""
+    recovery_e_value: float | None
+    """The recovery test's e-value at the last boundary (None: its baseline's profile
+    covers no hour of the day, so it can only close when its version stops serving)."""
+    recovery_needed: float
+    """The e-value the recovery test needs, held for ``REGRESSION_CLOSE_AFTER``."""
+    recovery_drop: float | None
+    """The recovery test's null: still worse than the baseline by at least this."""
 
 
 class RegressionsResponse(BaseModel):
     """``GET /api/v1/regressions``."""
 
     evaluated_through: str | None
+    state: str
     regressions: list[RegressionView]
+
+
+class ComparisonView(BaseModel):
+    """One comparison the detector holds: running, or why not, with its latest look."""
+
+    retriever: str
+    segment: str
+    metric: str
+    kind: str
+    baseline: str | None
+    running: bool
+    why_not: str | None
+    """``too_few_values``, ``no_baseline``, ``watch_ended`` or ``not_serving`` (null while
+    it runs)."""
+    since: str | None
+    """When its current run began (the deploy, or the drift period)."""
+    n_baseline: int
+    n_candidate: int
+    delta: float | None
+    e_value: float | None
+    closed_e_value: float | None
+    """The e-value closed over the slice's metrics: a regression opens when it reaches
+    ``needed_e_value`` and the drop is at least the minimum effect."""
+    needed_e_value: float | None
+    p_value: float | None
+    looked_at: str | None
+    """The boundary of its latest look (null: never looked at)."""
+
+
+class ComparisonsResponse(BaseModel):
+    """``GET /api/v1/tests``."""
+
+    evaluated_through: str | None
+    min_labelled: int
+    min_effect: float
+    tests: list[ComparisonView]
 
 
 def _merged(
@@ -105,9 +158,11 @@ def _merged(
     )
 
 
-def _regression(regression: Regression) -> RegressionView:
+def _regression(regression: Regression, needed: float) -> RegressionView:
     latest: BoundaryTest = regression.latest
     ci_low, ci_high = latest.ci  # (computed when asked for: once)
+    recovery = regression.recovery
+    closed = regression.closed_ms
     return RegressionView(
         retriever=latest.retriever,
         segment=latest.segment,
@@ -128,7 +183,17 @@ def _regression(regression: Regression) -> RegressionView:
         level=latest.level,
         n_baseline=latest.n_baseline,
         n_candidate=latest.n_candidate,
+        state="open" if closed is None else "closed",
+        closed_at=None if closed is None else rfc3339(closed),
+        closed_reason=None if regression.closed_reason is None else str(regression.closed_reason),
+        recovery_e_value=None if recovery is None else _exp(regression.recovery_log_e),
+        recovery_needed=needed,
+        recovery_drop=None if recovery is None else recovery.drop,
     )
+
+
+def _exp(log_e: float) -> float:
+    return math.exp(min(log_e, 700.0))
 
 
 @router.get("/api/v1/compare")
@@ -174,12 +239,56 @@ def compare(
 
 
 @router.get("/api/v1/regressions")
-def regressions(service: State) -> RegressionsResponse:
-    """The open regressions, oldest first."""
+def regressions(
+    service: State,
+    state: Literal["open", "closed", "all"] = "open",
+    since: Annotated[str | None, Query(max_length=40)] = None,
+) -> RegressionsResponse:
+    """The regressions, oldest first: open ones (``state=open``, the default), closed ones
+    (``closed``, as many as the detector keeps) or both; ``since`` keeps those open at or
+    after it (closed at or after it, or still open)."""
+    since_ms = since_param(since)
     with service.lock:
         detector = service.detector
         through = detector.through_ms
-        rows = [_regression(r) for r in sorted(detector.open.values(), key=lambda r: r.opened_ms)]
+        chosen: list[Regression] = []
+        if state != "closed":
+            chosen += detector.open.values()
+        if state != "open":
+            chosen += detector.closed
+        needed = math.exp(recovery_threshold(detector.config.window_ms))
+        rows = [
+            _regression(r, needed)
+            for r in sorted(chosen, key=lambda r: (r.opened_ms, r.key))
+            if since_ms is None or r.closed_ms is None or r.closed_ms >= since_ms
+        ]
     return RegressionsResponse(
-        evaluated_through=None if through is None else rfc3339(through), regressions=rows
+        evaluated_through=None if through is None else rfc3339(through),
+        state=state,
+        regressions=rows,
+    )
+
+
+@router.get("/api/v1/tests")
+def comparisons(
+    service: State,
+    retriever: Annotated[str | None, Query(max_length=100)] = None,
+    segment: Annotated[str | None, Query(max_length=100)] = None,
+) -> ComparisonsResponse:
+    """Every comparison the detector holds for these slices (all when absent), running or
+    not and why not, with its sample sizes, delta, e-value and the e-value it needs: the
+    answer to "why did nothing open"."""
+    with service.lock:
+        detector = service.detector
+        through = detector.through_ms
+        rows = [
+            ComparisonView.model_validate(row.to_record())
+            for row in detector.comparisons.select(retriever or None, segment or None)
+        ]
+    config = detector.config
+    return ComparisonsResponse(
+        evaluated_through=None if through is None else rfc3339(through),
+        min_labelled=config.min_labelled,
+        min_effect=config.min_effect,
+        tests=rows,
     )
