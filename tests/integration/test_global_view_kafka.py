@@ -24,7 +24,8 @@ import pytest
 
 from service.core.monitor import MonitorConfig
 from service.replay import replay
-from service.sim.simulator import SimEvent, generate, write_jsonl
+from service.sim.shape import TrafficShape
+from service.sim.simulator import SimEvent, SimulationConfig, generate, write_jsonl
 from service.times import HOUR_MS, MINUTE_MS, parse_aware_ms, rfc3339
 from tests.integration.kafka_helpers import (
     FAST,
@@ -57,6 +58,7 @@ def _answers(service: ServiceProcess) -> dict[str, dict[str, Any]]:
         "/api/v1/rolling?window=24h",
         "/api/v1/windows",
         "/api/v1/regressions",
+        "/api/v1/regressions?state=all",
         "/api/v1/compare?baseline=hybrid-v7&candidate=hybrid-v8&window=24h",
     )
     out = {}
@@ -115,23 +117,76 @@ def check_against_offline_and_replay(
     windows = agreed["/api/v1/windows"]["windows"]
     assert sum(w["queries"] for w in windows) == sum(w.queries for w in expected.values())
 
-    # the regressions are those replay opens on the same events
+    # the regressions, open and closed, are those replay opens and closes on the same events
     path = tmp_path / "events.jsonl"
     write_jsonl(events, path)
     monitor, _ = replay([str(path)], MonitorConfig(), lambda _: None)
+    fields = ("retriever", "segment", "metric", "baseline", "opened_at", "closed_at")
     by_replay = {
-        (r["retriever"], r["segment"], r["metric"], r["baseline"], r["opened_at"])
+        (*(r[f] for f in fields), r["closed_reason"])
         for r in (x.to_record() for x in monitor.detector.opened)
     }
-    open_now = {
+    every = {
+        (*(r[f] for f in fields), r["closed_reason"])
+        for r in agreed["/api/v1/regressions?state=all"]["regressions"]
+    }
+    assert every == by_replay
+    open_now = {r[:5] for r in every if r[5] is None}
+    assert open_now == {
         (r["retriever"], r["segment"], r["metric"], r["baseline"], r["opened_at"])
         for r in agreed["/api/v1/regressions"]["regressions"]
     }
     assert open_now
-    assert open_now <= by_replay
     assert {r[0] for r in open_now} == {"hybrid-v8"}
     compared = next(body for path, body in agreed.items() if "compare" in path)
     assert "regression" in {m["verdict"] for m in compared["metrics"]}
+
+
+def lifecycle_traffic() -> tuple[list[SimEvent], SimulationConfig]:
+    """Ten hours ending 40 minutes ago: hybrid-v7, then after 6 hours a bad hybrid-v8 in
+    two segments, rolled back in docs 2 hours later and serving on in kb."""
+    kb = deploy_traffic(bad=True, seed=31, hours=10)
+    kb = replace(
+        kb,
+        start_ms=kb.start_ms - 40 * MINUTE_MS,
+        switch_at_ms=kb.start_ms - 40 * MINUTE_MS + 6 * HOUR_MS,
+        segments=(("kb", 1.0),),
+        queries_per_hour=1600,
+    )
+    docs = replace(
+        kb,
+        seed=33,
+        segments=(("docs", 1.0),),
+        queries_per_hour=800,
+        id_prefix="e2e33-",
+        shape=TrafficShape(rollback_at_ms=(kb.switch_at_ms or 0) + 2 * HOUR_MS),
+    )
+    events = sorted([*generate(kb), *generate(docs)], key=lambda e: e.arrival_ms)
+    return events, kb
+
+
+def check_the_regressions_life(agreed: dict[str, dict[str, Any]], switch_ms: int) -> None:
+    """4 hours after a bad deploy with 6 hours of history, its regressions in kb are still
+    open (its comparison ran for the 2-hour watch of a deploy without a day of history);
+    those of docs closed as rolled_back an hour after the rollback, once final."""
+    every = agreed["/api/v1/regressions?state=all"]["regressions"]
+    kb = [r for r in every if r["segment"] == "kb"]
+    docs = [r for r in every if r["segment"] == "docs"]
+    assert kb
+    assert docs
+    assert all(r["state"] == "open" and r["closed_at"] is None for r in kb)
+    assert all(r["opened_at"] < rfc3339(switch_ms + 2 * HOUR_MS + 30 * MINUTE_MS) for r in kb)
+    # the first boundary after an hour without v8, final 30 minutes later: an hour after
+    # the end of the window the rollback fell in (or its start, if no v8 query came in it)
+    window = 5 * MINUTE_MS
+    rollback = switch_ms + 2 * HOUR_MS
+    last_v8_ends = {-(-rollback // window) * window, rollback // window * window}
+    [(reason, closed_at)] = {(r["closed_reason"], r["closed_at"]) for r in docs}
+    assert reason == "rolled_back"
+    assert closed_at in {rfc3339(end + HOUR_MS + 30 * MINUTE_MS) for end in last_v8_ends}
+    open_keys = {r["segment"] for r in agreed["/api/v1/regressions"]["regressions"]}
+    assert "docs" not in open_keys
+    assert "kb" in open_keys
 
 
 GLOBAL_SERIES = ("retrieval_rolling_", "retrieval_regression")
@@ -191,12 +246,13 @@ def test_every_replica_gives_the_same_global_answers(
     topics: Topics, tmp_path: Path, n: int
 ) -> None:
     """With 1, 2 or 4 replicas: the same answers on every one, the offline evaluation's
-    and replay's (so the same answers whatever the replica count)."""
-    # five hours with a bad deploy half way, ending 40 minutes ago: every window is
-    # final once the watermark passes the data (idleness), and the regressions are open
-    sim = deploy_traffic(bad=True, seed=31)
-    sim = replace(sim, start_ms=sim.start_ms - 40 * MINUTE_MS)
-    events = list(generate(sim))
+    and replay's (so the same answers whatever the replica count), open and closed
+    regressions alike: a bad version that serves on stays open 4 hours after a deploy
+    with 6 hours of history, and one rolled back closes as rolled_back."""
+    # ten hours ending 40 minutes ago (every window is final once the watermark passes the
+    # data, by idleness): hybrid-v7 for 6 hours (no day of history), then a bad
+    # hybrid-v8; it stays in kb and is rolled back in docs after 2 hours
+    events, sim = lifecycle_traffic()
     produce(topics, events)
     expected = expected_windows(events)
     end_ms = sim.start_ms + sim.duration_ms
@@ -215,7 +271,7 @@ def test_every_replica_gives_the_same_global_answers(
         assert r.samples()[("retrieval_assigned_partitions", ())] > 0, r.tail()
 
     check_against_offline_and_replay(agreed, events, tmp_path)
-    assert _get(a, "/api/v1/regressions")["regressions"], a.tail()
+    check_the_regressions_life(agreed, sim.switch_at_ms or 0)
 
     # the regression series are the same on both pods
     def series(r: ServiceProcess) -> dict[Any, float]:
