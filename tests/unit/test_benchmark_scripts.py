@@ -136,3 +136,19 @@ def test_run_profile_puts_samples_in_the_part_of_their_innermost_deciding_frame(
         "kafka-python's other threads (network, metadata)": 1,
         "start-up (imports)": 4,
     }
+
+
+def test_recovery_bound_runs_and_a_big_drop_closes_as_recovered() -> None:
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "recovery_bound.py"), "--runs", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines()[2:]]
+    assert len(rows) == 9
+    big = next(r for r in rows if r[0].strip() == "0.20" and r[1].strip() == "3000")
+    assert big[2].strip() == "1/1"  # it opened
+    assert big[6].strip() == "1/1"  # and closed as recovered
+    assert 0 < float(big[4]) < 2 * float(big[3])  # near the stated time
