@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 from service.core.state import ServiceState
 from service.metrics.aggregates import SCALE
 from service.stream.topics import TOPICS, Topic
-from service.times import duration_label
+from service.times import DAY_MS, duration_label
 
 SUMMARY_FAMILIES = {
     "hit_rate": ("retrieval_hit", "1 if a relevant chunk is in the top k (success@k)"),
@@ -36,6 +36,9 @@ ROLLING_FAMILIES = {
     "precision": "retrieval_rolling_precision",
     "ndcg": "retrieval_rolling_ndcg",
 }
+CLOSED_SHOWN_MS = 7 * DAY_MS
+"""How long a closed regression keeps its ``retrieval_regression_closed_timestamp_seconds``
+series: closed within this much event time of the detector's last boundary."""
 
 
 class PipelineCollector(Collector):
@@ -359,7 +362,24 @@ class PipelineCollector(Collector):
         view = self.state.view
         owns = bool(self.pipeline.partitions())
         speaks = view.boundary_ms is not None if view.is_global else owns
+        closed = GaugeMetricFamily(
+            "retrieval_regression_closed_timestamp_seconds",
+            "Event time at which a regression closed, for those closed within the last 7 days "
+            "of event time (the latest per series), by reason: rolled_back (a version that "
+            "served before it serves instead), superseded (a newer version does) or recovered "
+            f"(its recovery test showed the drop gone). {GLOBAL}",
+            labels=[*labels, "reason"],
+        )
         rows = self.detector.snapshot() if speaks else []
+        through = self.detector.through_ms
+        if speaks and through is not None:
+            latest: dict[tuple[str, ...], int] = {}
+            for regression in self.detector.closed:  # in order of closing: the latest wins
+                ms, reason = regression.closed_ms, regression.closed_reason
+                if ms is not None and reason is not None and ms >= through - CLOSED_SHOWN_MS:
+                    latest[(*regression.key, str(reason))] = ms
+            for label_values, ms in sorted(latest.items()):
+                closed.add_metric(list(label_values), ms / 1000)
         for key, is_open, comparison in rows:
             values = list(key)
             flag.add_metric(values, 1.0 if is_open else 0.0)
@@ -368,7 +388,7 @@ class PipelineCollector(Collector):
             e_value.add_metric(values, comparison.e_value)
             closed_e.add_metric(values, comparison.closed_e_value)
             info.add_metric([*values, str(comparison.kind)], 1.0)
-        yield from (flag, delta, p_value, e_value, closed_e, info)
+        yield from (flag, delta, p_value, e_value, closed_e, info, closed)
 
 
 def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[str, str]) -> Metric:
