@@ -14,7 +14,7 @@ from service.commands.cli import main
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.detector import Detector
-from service.http import exporter
+from service.http import regression_series
 from service.http.app import create_app
 from service.replay import replay
 from service.sim.shape import TrafficShape
@@ -291,9 +291,9 @@ def test_metrics_expose_a_regression_closed_by_a_rollback(
     # older than CLOSED_SHOWN_MS of event time before the last boundary: gone
     through = detector.through_ms
     assert through is not None
-    monkeypatch.setattr(exporter, "CLOSED_SHOWN_MS", through - closed_ms - 1)
+    monkeypatch.setattr(regression_series, "CLOSED_SHOWN_MS", through - closed_ms - 1)
     assert not _samples(
         client.get("/metrics").text, "retrieval_regression_closed_timestamp_seconds"
     )
-    monkeypatch.setattr(exporter, "CLOSED_SHOWN_MS", through - closed_ms)
+    monkeypatch.setattr(regression_series, "CLOSED_SHOWN_MS", through - closed_ms)
     assert _samples(client.get("/metrics").text, "retrieval_regression_closed_timestamp_seconds")
