@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## create .venv and install the package with its test dependencies
 
-demo: $(STAMP) ## the live pipeline and HTTP server on simulated traffic with a bad deploy (no Kafka; Ctrl-C stops)
+demo: $(STAMP) ## the live pipeline and HTTP server on simulated traffic with a bad deploy, rolled back near the end (no Kafka; Ctrl-C stops)
 	$(BIN)/retrieval-monitor demo
 
 demo-golden: $(STAMP) ## evaluate and compare the example golden set shipped in examples/golden

@@ -100,10 +100,22 @@ def _add_streaming_commands(commands: Any) -> None:
     demo = commands.add_parser(
         "demo",
         help="the pipeline and HTTP server fed by the built-in simulator (no Kafka)",
-        description="Simulated traffic with a bad deploy part way, in accelerated time.",
+        description="Simulated traffic with a bad deploy part way, rolled back near the end, "
+        "in accelerated time.",
     )
-    demo.add_argument("--hours", type=_duration_hours, default=8.0, help="simulated span (8h)")
+    demo.add_argument("--hours", type=_duration_hours, default=9.5, help="simulated span (9.5h)")
     demo.add_argument("--deploy-at", type=_duration_hours, default=5.0, help="deploy time (5h)")
+    rollback = demo.add_mutually_exclusive_group()
+    rollback.add_argument(
+        "--rollback-at",
+        type=_duration_hours,
+        default=None,
+        help="when hybrid-v7 serves again (default: 2h before the end, if after the "
+        "deploy); the regression closes about 1.5h later",
+    )
+    rollback.add_argument(
+        "--no-rollback", action="store_true", help="keep the bad version to the end"
+    )
     demo.add_argument("--quality-drop", type=_float, default=0.15, help="find-rate drop (0.15)")
     demo.add_argument("--queries-per-hour", type=_float, default=3600.0)
     demo.add_argument("--speed", type=_float, default=300.0, help="simulated s per wall s (300)")
@@ -188,9 +200,17 @@ def _demo(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if not 0 <= args.deploy_at <= args.hours:
         raise ConfigError("--deploy-at must lie within --hours")
+    rollback_at = None if args.no_rollback else args.rollback_at
+    if rollback_at is None and not args.no_rollback and args.hours - 2.0 > args.deploy_at:
+        rollback_at = args.hours - 2.0  # time for the close to be decided before the end
+    if rollback_at is not None and not args.deploy_at < rollback_at <= args.hours:
+        raise ConfigError(
+            "--rollback-at must lie after --deploy-at and within --hours (or pass --no-rollback)"
+        )
     options = DemoOptions(
         hours=args.hours,
         deploy_at_hours=args.deploy_at,
+        rollback_at_hours=rollback_at,
         quality_drop=args.quality_drop,
         queries_per_hour=args.queries_per_hour,
         speed=args.speed,

@@ -3,8 +3,10 @@
 No Kafka: simulated events enter the same :class:`~service.pipeline.Pipeline` in
 arrival order, in accelerated time (the pipeline's clock is the simulated clock, so
 idleness and the future-timestamp guard behave as they would live). A new retriever
-version with a quality drop is deployed part way, so a regression shows on
-``/metrics`` and ``/api/v1/rolling``. The terminal shows a compact live summary.
+version with a quality drop is deployed part way, so a regression opens (``/metrics``,
+``/api/v1/regressions``); near the end the old version is rolled back, so the regression,
+open until then, closes as ``rolled_back``. The terminal shows a compact live summary:
+the rolling metrics per version, then every regression, open or closed.
 """
 
 from __future__ import annotations
@@ -14,15 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
+from service.detect.model import Regression
 from service.http.app import create_app
 from service.http.server import serve_http, stop_on_signals
 from service.metrics.aggregates import merge
+from service.sim.shape import TrafficShape
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
@@ -36,8 +40,12 @@ from service.times import duration_label as span_label
 class DemoOptions:
     """How much to simulate and how fast."""
 
-    hours: float = 8.0
+    hours: float = 9.5
     deploy_at_hours: float = 5.0
+    rollback_at_hours: float | None = 7.5
+    """When the old version takes all the traffic back (None: never). A rollback closes
+    the regression once the new version has served nothing for ``REGRESSION_CANDIDATE``
+    (1 h) and that boundary is final (30 min of event time later): leave 1.6 h after it."""
     quality_drop: float = 0.15
     queries_per_hour: float = 3600.0
     speed: float = 300.0
@@ -92,19 +100,53 @@ def _summary(monitor: Monitor, spans_ms: tuple[int, ...]) -> Table:
         f"windows {c.windows_published}  late {sum(c.late.values())}  "
         f"unmatched {sum(c.unmatched.values())}"
     )
-    by_slice: dict[tuple[str, str, str], list[str]] = {}
-    for r in sorted(monitor.detector.open.values(), key=lambda r: r.opened_ms):
-        o = r.opening
-        by_slice.setdefault((o.retriever, o.segment, o.baseline), []).append(
-            f"{o.metric} {o.delta:+.3f}"
-        )
-    for (retriever, segment, baseline), drops in by_slice.items():
-        table.caption += (
-            f"\n[bold red]regression[/] {retriever}/{segment} vs {baseline}: {', '.join(drops)}"
-        )
-    if not by_slice:
-        table.caption += "\nno open regressions"
     return table
+
+
+def _regressions(monitor: Monitor) -> Table:
+    """Every regression the detector keeps, open ones first: one row per slice and baseline
+    (and, for closed ones, per close), with the metrics that dropped, when it opened (event
+    time) and when and why it closed."""
+    detector = monitor.detector
+    through = detector.through_ms
+    table = Table(
+        title="regressions (event time, UTC; evaluated through "
+        f"{rfc3339(through) if through is not None else '-'})",
+        title_justify="left",
+    )
+    for name in ("state", "slice", "vs", "drops", "opened_at", "closed_at", "reason"):
+        table.add_column(name)
+    rows: dict[tuple[bool, str, str, str, int, str], list[Regression]] = {}
+    for r in (*detector.open.values(), *detector.closed):
+        o = r.opening
+        closed = r.closed_ms is not None
+        reason = "" if r.closed_reason is None else str(r.closed_reason)
+        key = (closed, o.retriever, o.segment, o.baseline, r.closed_ms or 0, reason)
+        rows.setdefault(key, []).append(r)
+    for (closed, retriever, segment, baseline, closed_ms, reason), group in sorted(rows.items()):
+        group.sort(key=lambda r: (r.opened_ms, r.opening.metric))
+        drops = ", ".join(f"{r.opening.metric} {r.opening.delta:+.3f}" for r in group)
+        table.add_row(
+            "[green]closed[/]" if closed else "[bold red]open[/]",
+            f"{retriever}/{segment}",
+            baseline,
+            drops,
+            _at(group[0].opened_ms),
+            _at(closed_ms) if closed else "-",
+            reason if closed else "-",
+        )
+    if not rows:
+        table.caption = "no regressions"
+    return table
+
+
+def _at(ms: int) -> str:
+    """``12-06 22:40``: an event time in the table (UTC, to the minute)."""
+    return rfc3339(ms)[5:16].replace("T", " ")
+
+
+def _screen(monitor: Monitor, spans_ms: tuple[int, ...]) -> Group:
+    return Group(_summary(monitor, spans_ms), _regressions(monitor))
 
 
 def feed(
@@ -142,6 +184,11 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
     wall = wall_ms
     start_ms = wall() - int(options.hours * HOUR_MS)
     start_ms -= start_ms % 60_000
+    rollback = (
+        None
+        if options.rollback_at_hours is None
+        else start_ms + int(options.rollback_at_hours * HOUR_MS)
+    )
     sim = SimulationConfig(
         seed=options.seed,
         start_ms=start_ms,
@@ -152,6 +199,7 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
         after=replace(HYBRID_V8, rank_decay=0.75),
         switch_at_ms=start_ms + int(options.deploy_at_hours * HOUR_MS),
         quality_drop=options.quality_drop,
+        shape=None if rollback is None else TrafficShape(rollback_at_ms=rollback),
     )
     join = config.pipeline.join
     end_ms = sim.end_ms + join.attribution_ms + 2 * join.window_ms
@@ -167,11 +215,18 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
     console.print(
         f"[bold]retrieval-monitor demo[/]: {options.hours:g} simulated hours at "
         f"{options.speed:g}x, {options.queries_per_hour:g} queries/h; hybrid-v8 deployed at "
-        f"hour {options.deploy_at_hours:g} with a {options.quality_drop:.0%} drop in find rate.\n"
+        f"hour {options.deploy_at_hours:g} with a {options.quality_drop:.0%} drop in find rate"
+        + (
+            ""
+            if options.rollback_at_hours is None
+            else f", rolled back to hybrid-v7 at hour {options.rollback_at_hours:g}"
+        )
+        + ".\n"
         f"  metrics: http://{host}:{bound}/metrics\n"
         f"  rolling: http://{host}:{bound}/api/v1/rolling?window=1h\n"
         f"  windows: http://{host}:{bound}/api/v1/windows\n"
-        f"  regressions: http://{host}:{bound}/api/v1/regressions\n"
+        f"  regressions: http://{host}:{bound}/api/v1/regressions?state=all\n"
+        f"  tests: http://{host}:{bound}/api/v1/tests?retriever=hybrid-v8\n"
         "Ctrl-C stops."
     )
     stop = threading.Event()
@@ -184,14 +239,14 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
         with Live(console=console, refresh_per_second=2, transient=False) as live:
             while not stop.is_set():
                 with state.lock:
-                    table = _summary(monitor, spans)
+                    screen = _screen(monitor, spans)
                 if options.live:
-                    live.update(table)
+                    live.update(screen)
                 if options.exit_when_done and clock() >= end_ms:
                     break
                 stop.wait(0.5)
             with state.lock:
-                live.update(_summary(monitor, spans))
+                live.update(_screen(monitor, spans))
     finally:
         stop.set()
         feeder.join(timeout=5)

@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from service.core.state import ServiceState
+from service.http.regression_series import GLOBAL, regression_series
 from service.metrics.aggregates import SCALE
 from service.stream.topics import TOPICS, Topic
 from service.times import duration_label
@@ -29,7 +30,6 @@ SUMMARY_FAMILIES = {
     "precision": ("retrieval_precision", "relevant chunks in the top k / k"),
     "ndcg": ("retrieval_ndcg", "nDCG@k, linear gain, ideal from all graded chunks"),
 }
-GLOBAL = "Global: every replica exports the same values, for all partitions."  # (HELP)
 ROLLING_FAMILIES = {
     "hit_rate": "retrieval_rolling_hit_rate",
     "recall": "retrieval_rolling_recall",
@@ -52,7 +52,7 @@ class PipelineCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         with self.lock:
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
-            metrics += list(self._health()) + list(self._regressions())
+            metrics += list(self._health()) + regression_series(self.state)
         yield from metrics
 
     def _counters(self) -> Iterator[Metric]:
@@ -314,61 +314,6 @@ class PipelineCollector(Collector):
             "How long the processing loop has been inside its current broker call (0: none).",
             value=0.0 if wait is None else (now - wait.since_ms) / 1000,
         )
-
-    def _regressions(self) -> Iterator[Metric]:
-        labels = ["retriever", "segment", "metric", "baseline"]
-        flag = GaugeMetricFamily(
-            "retrieval_regression",
-            f"1 while a significant regression is open, else 0 (tested at the last step). {GLOBAL}",
-            labels=labels,
-        )
-        delta = GaugeMetricFamily(
-            "retrieval_regression_delta",
-            f"Candidate mean minus baseline mean of the latest test (negative: worse). {GLOBAL}",
-            labels=labels,
-        )
-        p_value = GaugeMetricFamily(
-            "retrieval_regression_p_value",
-            "Always-valid p-value of the sequential test (the smallest so far of its run, "
-            f"adjusted over its family): valid however often it is read. {GLOBAL}",
-            labels=labels,
-        )
-        e_value = GaugeMetricFamily(
-            "retrieval_regression_e_value",
-            "E-value of the latest look of the sequential test (the one-sided mixture "
-            "likelihood ratio of a drop); the regression opens when the e-value closed over "
-            f"the slice's metrics reaches slices / alpha of its family. {GLOBAL}",
-            labels=labels,
-        )
-        closed_e = GaugeMetricFamily(
-            "retrieval_regression_closed_e_value",
-            "E-value of the latest look closed over the slice's metrics (the smallest mean of "
-            "the e-values of any set of them containing this one): the regression opens when "
-            f"it reaches 1 / level. {GLOBAL}",
-            labels=labels,
-        )
-        info = GaugeMetricFamily(
-            "retrieval_regression_info",
-            "1 for the test behind each regression series: kind deploy (against the previous "
-            "version's past), canary (against it over the same span) or drift (against the "
-            f"same hours the day before). {GLOBAL}",
-            labels=[*labels, "kind"],
-        )
-        # the global view speaks once it has a boundary, on every replica alike; a local
-        # one (a single process's own windows) only while it owns partitions
-        view = self.state.view
-        owns = bool(self.pipeline.partitions())
-        speaks = view.boundary_ms is not None if view.is_global else owns
-        rows = self.detector.snapshot() if speaks else []
-        for key, is_open, comparison in rows:
-            values = list(key)
-            flag.add_metric(values, 1.0 if is_open else 0.0)
-            delta.add_metric(values, comparison.delta)
-            p_value.add_metric(values, comparison.p_value)
-            e_value.add_metric(values, comparison.e_value)
-            closed_e.add_metric(values, comparison.closed_e_value)
-            info.add_metric([*values, str(comparison.kind)], 1.0)
-        yield from (flag, delta, p_value, e_value, closed_e, info)
 
 
 def _by_topic(name: str, doc: str, counts: Mapping[Topic, int], topics: tuple[str, str]) -> Metric:

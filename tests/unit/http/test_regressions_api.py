@@ -14,8 +14,10 @@ from service.commands.cli import main
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.detector import Detector
+from service.http import regression_series
 from service.http.app import create_app
 from service.replay import replay
+from service.sim.shape import TrafficShape
 from service.sim.simulator import (
     HYBRID_V7,
     HYBRID_V8,
@@ -246,3 +248,52 @@ def test_after_a_rebuild_no_boundary_is_tested_with_some_partitions_only(
     pipeline.revoke(0)
     pipeline.revoke(1)  # a replica left without partitions says nothing about regressions
     assert "retrieval_regression{" not in client.get("/metrics").text
+
+
+def _samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    return {
+        tuple(sorted(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_metrics_expose_a_regression_closed_by_a_rollback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rolled back 1.5 h after the bad deploy: the regression closes, its flag goes, and
+    the closed series carries its reason and the event time of the close, for 7 days."""
+    path = tmp_path / "rolled-back.jsonl"
+    rollback = DEPLOY + 3 * HOUR_MS // 2
+    sim = replace(
+        simulation(bad=True), duration_ms=7 * HOUR_MS, shape=TrafficShape(rollback_at_ms=rollback)
+    )
+    write_jsonl(generate(sim), path)
+    monitor, _ = replay([str(path)], MonitorConfig(), lambda _: None, now_ms=lambda: NOW)
+    detector = monitor.detector
+    assert not detector.open
+    closed = {r.key: r for r in detector.closed}
+    assert KEY in closed
+    assert {str(r.closed_reason) for r in closed.values()} == {"rolled_back"}
+    client = _client(monitor)
+    text = client.get("/metrics").text
+    flags = _samples(text, "retrieval_regression")
+    labels = tuple(sorted(zip(("retriever", "segment", "metric", "baseline"), KEY, strict=True)))
+    assert flags.get(labels, 0.0) == 0.0
+    series = _samples(text, "retrieval_regression_closed_timestamp_seconds")
+    closed_ms = closed[KEY].closed_ms
+    assert closed_ms is not None
+    assert closed_ms >= rollback + HOUR_MS  # the rollback had lasted REGRESSION_CANDIDATE
+    assert series[tuple(sorted((*labels, ("reason", "rolled_back"))))] == closed_ms / 1000
+    assert len(series) == len(closed)  # one per regression closed (each its own labels)
+    assert {dict(ls)["reason"] for ls in series} == {"rolled_back"}
+    # older than CLOSED_SHOWN_MS of event time before the last boundary: gone
+    through = detector.through_ms
+    assert through is not None
+    monkeypatch.setattr(regression_series, "CLOSED_SHOWN_MS", through - closed_ms - 1)
+    assert not _samples(
+        client.get("/metrics").text, "retrieval_regression_closed_timestamp_seconds"
+    )
+    monkeypatch.setattr(regression_series, "CLOSED_SHOWN_MS", through - closed_ms)
+    assert _samples(client.get("/metrics").text, "retrieval_regression_closed_timestamp_seconds")
