@@ -59,6 +59,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.detect.budget import phase_alpha
+from service.detect.deploys import find_previous
 from service.detect.history import SliceHistory, window_row
 from service.detect.lifecycle import Lifecycle
 from service.detect.model import (
@@ -333,30 +334,9 @@ class Detector:
         at = series.first_start_ms
         if at is None or at + self.config.window_ms > boundary:
             return None  # not decided yet
-        deploy = self._find_previous(key, at)
+        deploy = find_previous(self._series, key, at, self.config)
         self._deploys[key] = deploy
         return deploy
-
-    def _find_previous(self, key: SliceKey, at: int) -> Deploy | None:
-        cfg = self.config
-        best: tuple[int, str] | None = None
-        history_from = None
-        for (retriever, segment), other in self._series.items():
-            if segment != key[1] or retriever == key[0]:
-                continue
-            first = other.first_start_ms
-            if first is not None and (history_from is None or first < history_from):
-                history_from = first
-            recent = other.total(at - cfg.candidate_ms, at)
-            labelled = max(recent[0::3], default=0)
-            if labelled and (best is None or (labelled, retriever) > best):
-                best = (labelled, retriever)
-        # a version seen within the first hour of any history is not a deploy but a start
-        if best is None or history_from is None or history_from > at - cfg.candidate_ms:
-            return None
-        previous = self._series[best[1], key[1]]
-        daily = previous.first_start_ms is not None and previous.first_start_ms <= at - DAY_MS
-        return Deploy(best[1], at, daily)
 
     def _forget(self, boundary: int) -> None:
         cfg = self.config
