@@ -145,7 +145,9 @@ class Detector:
         step = self.config.window_ms
         last = closed_through_ms - closed_through_ms % step
         firsts = [s.first_start_ms for s in self._series.values() if s.first_start_ms is not None]
-        if not firsts:
+        if not firsts:  # (no windows at all: a ledger waiting for ``last`` is installed)
+            if self.recorder and (decisions := self.recorder.due(last + step, self.latest)):
+                self._install(decisions)
             return []
         boundary = min(firsts) + step
         if self.through_ms is not None:

@@ -215,6 +215,21 @@ def test_a_restart_after_an_old_ledger_installs_it_at_once() -> None:
     assert r.open[KB].to_record() == n.open[KB].to_record()
 
 
+def test_a_restart_without_any_window_installs_the_ledger() -> None:
+    """No window read back at all (a quiet week, or the windows topic emptied): the
+    ledger's regressions show once the boundary reaches its last one, and none before."""
+    n, records, _ = _never_restarted()
+    r = Detector(CONFIG, recorder=Recorder())
+    r.restore(_read_back(records))
+    r.advance(T0 + HOURS * H - CONFIG.window_ms)
+    assert not r.open
+    r.advance(T0 + HOURS * H)
+    assert set(r.open) == set(n.open)
+    assert [o.to_record() for o in r.open.values()] == [o.to_record() for o in n.open.values()]
+    assert list(r.closed) == list(n.closed)
+    assert r.through_ms is None  # nothing was evaluated
+
+
 def test_regressions_and_looks_round_trip_exactly() -> None:
     n, _, _ = _never_restarted()
     for regression in [*n.opened, *n.open.values()]:
