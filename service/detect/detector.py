@@ -145,9 +145,8 @@ class Detector:
         step = self.config.window_ms
         last = closed_through_ms - closed_through_ms % step
         firsts = [s.first_start_ms for s in self._series.values() if s.first_start_ms is not None]
-        if not firsts:  # (no windows at all: a ledger waiting for ``last`` is installed)
-            if self.recorder and (decisions := self.recorder.due(last + step, self.latest)):
-                self._install(decisions)
+        if not firsts:
+            self._take_ledger(last + step)
             return []
         boundary = min(firsts) + step
         if self.through_ms is not None:
@@ -162,8 +161,7 @@ class Detector:
         opened: list[Regression] = []
         was = self.through_ms
         while boundary <= last:
-            if self.recorder and (decisions := self.recorder.due(boundary, self.latest)):
-                self._install(decisions)
+            self._take_ledger(boundary)
             # nothing within reach and nothing open: jump to the next window (a gap in time)
             i = bisect.bisect_left(starts, boundary - reach)
             if not self.open and (i == len(starts) or starts[i] >= boundary):
@@ -175,6 +173,7 @@ class Detector:
             self.through_ms = boundary
             boundary += step
         self.through_ms = max(self.through_ms or last, last)
+        self._take_ledger(last + step)  # (evaluated through the ledger's last: at once)
         self._forget(last)
         if self.recorder is not None and self.through_ms != was:
             self.closed, self.opened = self.recorder.advanced(last, self.closed, self.opened)
@@ -186,14 +185,17 @@ class Detector:
             raise ValueError("restore needs a detector that records its decisions")
         self.recorder.pending = ledger
 
+    def _take_ledger(self, boundary: int) -> None:
+        """Install a ledger waiting to be, before ``boundary`` if it speaks for none after."""
+        if self.recorder and (d := self.recorder.due(boundary, self.latest, self._life.resume)):
+            self._install(d)
+
     def _install(self, decisions: Decisions) -> None:
         """The ledger's decisions as of its last boundary (its own were scratch until then)."""
         self.open = {r.key: r for r in decisions.open}
         self.opened = deque(decisions.opened, self.keep_opened)
         self.closed = deque(decisions.closed, self.keep_opened)
         self._spent = {r.run for r in decisions.closed}
-        for regression in decisions.open:
-            self._life.resume(regression, decisions.through_ms)
 
     # -- one boundary ---------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -233,10 +234,17 @@ class Recorder:
         self.pending: Ledger | None = None
         """A ledger read back, installed before the first boundary after it."""
 
-    def due(self, boundary: int, latest: dict[Any, BoundaryTest]) -> Decisions | None:
+    def due(
+        self,
+        boundary: int,
+        latest: dict[Any, BoundaryTest],
+        resume: Callable[[Regression, int], None],
+    ) -> Decisions | None:
         """The waiting ledger's decisions, to install before evaluating ``boundary``: the
         first boundary after the last one the ledger speaks for (None: none waits, or not
-        yet)."""
+        yet). ``latest`` are the detector's own looks at the ledger's last boundary, and
+        ``resume`` brings an open regression's recovery statistic up to it from the
+        windows (:meth:`service.detect.lifecycle.Lifecycle.resume`)."""
         ledger = self.pending
         if ledger is None:
             return None
@@ -244,7 +252,10 @@ class Recorder:
         if through is not None and boundary <= through:
             return None
         self.pending = None
-        return ledger.decisions(latest)
+        decisions = ledger.decisions(latest)
+        for regression in decisions.open:
+            resume(regression, decisions.through_ms)
+        return decisions
 
     def take(self) -> list[Record]:
         """The records written since the last call, oldest first."""

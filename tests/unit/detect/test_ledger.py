@@ -75,6 +75,16 @@ def _step(detector: Detector, hour: int) -> list[Record]:
     return detector.recorder.take() if detector.recorder else []
 
 
+def _shown(detector: Detector) -> tuple[Any, ...]:
+    """What the API and the regression series show: open and closed regressions (with
+    their latest looks and recovery statistics) and the exposition snapshot."""
+    regressions = [*detector.open.values(), *detector.closed]
+    return (
+        [(r.to_record(), r.latest, r.recovery_log_e) for r in regressions],
+        detector.snapshot(),
+    )
+
+
 @cache
 def _never_restarted() -> tuple[Detector, tuple[Record, ...], dict[int, int]]:
     """Detector N, stepped hour by hour over the four days: its records, and how many it
@@ -85,7 +95,12 @@ def _never_restarted() -> tuple[Detector, tuple[Record, ...], dict[int, int]]:
     for hour in range(1, HOURS + 1):
         records += _step(detector, hour)
         written[hour] = len(records)
+        SHOWN[hour] = _shown(detector)
     return detector, tuple(records), written
+
+
+SHOWN: dict[int, tuple[Any, ...]] = {}
+"""What N showed at each hour."""
 
 
 def _restart_hour() -> int:
@@ -107,7 +122,9 @@ def _read_back(records: tuple[Record, ...]) -> Ledger:
     return ledger
 
 
-def _restarted(ledger: Ledger | None, restart: int) -> tuple[Detector, list[Record], list[Record]]:
+def _restarted(
+    ledger: Ledger | None, restart: int, shown: dict[int, tuple[Any, ...]] | None = None
+) -> tuple[Detector, list[Record], list[Record]]:
     """Detector R started at ``restart`` hours: it reads the windows of the last
     ``history_ms`` (as the follower does) and, given one, the ledger; then follows to the
     end. Returns it, what it wrote while catching up, and what it wrote after."""
@@ -119,6 +136,8 @@ def _restarted(ledger: Ledger | None, restart: int) -> tuple[Detector, list[Reco
     detector.advance(at)
     assert detector.recorder is not None
     caught_up = detector.recorder.take()
+    if shown is not None:
+        shown[restart] = _shown(detector)
     after: list[Record] = []
     for hour in range(restart + 1, HOURS + 1):
         after += _step(detector, hour)
@@ -155,9 +174,12 @@ def test_a_restarted_replica_holds_what_a_replica_that_never_restarted_holds() -
 
     ledger = _read_back(records[: written[restart]])
     assert ledger.through_ms == at
-    r, caught_up, after = _restarted(ledger, restart)
+    shown: dict[int, tuple[Any, ...]] = {}
+    r, caught_up, after = _restarted(ledger, restart, shown)
     # its own decisions up to the ledger's last boundary were scratch: nothing written
-    assert caught_up == []
+    # but how far it evaluated; and it shows what N showed then, at once
+    assert caught_up == [(THROUGH_KEY, f'{{"boundary_ms":{at}}}'.encode())]
+    assert shown[restart] == SHOWN[restart]
     # docs was mid-recovery at the restart: its run of recovered boundaries came back
     # from the windows (without it, it would close an hour later: see below)
     assert set(r.open) == set(n.open)
