@@ -6,9 +6,8 @@ cannot rebuild them. So in ``run`` every replica writes the detector's decisions
 compacted topic (``REGRESSIONS_TOPIC``), each record keyed so that compaction keeps what
 matters, and reads it back at start (:class:`Ledger`, :meth:`Detector.restore`). Replicas
 decide the same on the same windows (the global view), so their records are the same and
-duplicates are harmless. Values are JSON; floats are written with their shortest exact
-representation (non-finite ones as the strings ``inf``, ``-inf``, ``nan``), so a decoded
-regression equals the one encoded.
+duplicates are harmless. Values are JSON, and a regression or a look decodes to one equal
+to the one encoded (:mod:`service.detect.codec`).
 
 Keys (each part with ``%`` and ``|`` percent-escaped):
 
@@ -31,16 +30,14 @@ tombstoned (null values).
 from __future__ import annotations
 
 import json
-import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NamedTuple
 
-from service.detect.model import BoundaryTest, CloseReason, ComparisonKind, Regression
-from service.detect.recovery import Recovery
-from service.metrics.sequential import SequentialResult
+from service.detect.codec import decode_regression, decode_test, encode_regression, encode_test
+from service.detect.model import BoundaryTest, Regression
 from service.times import DAY_MS, rfc3339
 
 CLOSED_KEPT_MS = 7 * DAY_MS
@@ -62,15 +59,7 @@ class Part(StrEnum):
 
 _PARTS = frozenset(p.value for p in Part)
 
-# -- encoding ------------------------------------------------------------------------------
-
-
-def _num(x: float) -> float | str:
-    return x if math.isfinite(x) else repr(x)
-
-
-def _float(v: float | str) -> float:
-    return float(v)
+# -- keys and values -------------------------------------------------------------------
 
 
 def _escape(part: str) -> str:
@@ -81,137 +70,6 @@ def regression_id(regression: Regression) -> str:
     """``<retriever>|<segment>|<metric>|<baseline>|<opened_at>``: one regression."""
     parts = (*regression.key, rfc3339(regression.opened_ms))
     return "|".join(_escape(p) for p in parts)
-
-
-def encode_result(r: SequentialResult) -> dict[str, Any]:
-    return {
-        "delta": _num(r.delta),
-        "variance": _num(r.variance),
-        "log_e": _num(r.log_e),
-        "log_e_drop": _num(r.log_e_drop),
-        "tau": _num(r.tau),
-        "alpha": _num(r.alpha),
-    }
-
-
-def decode_result(d: dict[str, Any]) -> SequentialResult:
-    return SequentialResult(
-        delta=_float(d["delta"]),
-        variance=_float(d["variance"]),
-        log_e=_float(d["log_e"]),
-        log_e_drop=_float(d["log_e_drop"]),
-        tau=_float(d["tau"]),
-        alpha=_float(d["alpha"]),
-    )
-
-
-_TEST_FLOATS = (
-    "baseline_mean",
-    "candidate_mean",
-    "delta",
-    "log_e",
-    "closed_log_e",
-    "level",
-    "family_alpha",
-    "p_value",
-)
-
-
-def encode_test(c: BoundaryTest) -> dict[str, Any]:
-    """A look, exactly (:func:`decode_test` gives an equal one)."""
-    out: dict[str, Any] = {
-        "retriever": c.retriever,
-        "segment": c.segment,
-        "metric": c.metric,
-        "baseline": c.baseline,
-        "kind": str(c.kind),
-        "n_baseline": c.n_baseline,
-        "n_candidate": c.n_candidate,
-        "look": encode_result(c.look),
-        "regressed": c.regressed,
-    }
-    out.update((name, _num(getattr(c, name))) for name in _TEST_FLOATS)
-    return out
-
-
-def decode_test(d: dict[str, Any]) -> BoundaryTest:
-    floats = {name: _float(d[name]) for name in _TEST_FLOATS}
-    return BoundaryTest(
-        retriever=str(d["retriever"]),
-        segment=str(d["segment"]),
-        metric=str(d["metric"]),
-        baseline=str(d["baseline"]),
-        kind=ComparisonKind(d["kind"]),
-        n_baseline=int(d["n_baseline"]),
-        n_candidate=int(d["n_candidate"]),
-        look=decode_result(d["look"]),
-        regressed=bool(d["regressed"]),
-        **floats,
-    )
-
-
-def encode_recovery(r: Recovery | None) -> dict[str, Any] | None:
-    if r is None:
-        return None
-    return {
-        "metric_index": r.metric_index,
-        "floors": [None if f is None else _num(f) for f in r.floors],
-        "drop": _num(r.drop),
-        "margin": _num(r.margin),
-        "bet": _num(r.bet),
-    }
-
-
-def decode_recovery(d: dict[str, Any] | None) -> Recovery | None:
-    if d is None:
-        return None
-    return Recovery(
-        metric_index=int(d["metric_index"]),
-        floors=tuple(None if f is None else _float(f) for f in d["floors"]),
-        drop=_float(d["drop"]),
-        margin=_float(d["margin"]),
-        bet=_float(d["bet"]),
-    )
-
-
-def encode_regression(r: Regression) -> dict[str, Any]:
-    """A regression's whole state, exactly (:func:`decode_regression` gives an equal one)."""
-    return {
-        "opening": encode_test(r.opening),
-        "latest": encode_test(r.latest),
-        "opened_ms": r.opened_ms,
-        "evidence_end_ms": r.evidence_end_ms,
-        "since_ms": r.since_ms,
-        "slices": [list(s) for s in r.slices],
-        "recovery": encode_recovery(r.recovery),
-        "recovery_log_e": _num(r.recovery_log_e),
-        "recovered_since_ms": r.recovered_since_ms,
-        "run_start_ms": r.run_start_ms,
-        "closed_ms": r.closed_ms,
-        "closed_reason": None if r.closed_reason is None else str(r.closed_reason),
-    }
-
-
-def decode_regression(d: dict[str, Any]) -> Regression:
-    reason = d["closed_reason"]
-    return Regression(
-        opening=decode_test(d["opening"]),
-        latest=decode_test(d["latest"]),
-        opened_ms=int(d["opened_ms"]),
-        evidence_end_ms=int(d["evidence_end_ms"]),
-        since_ms=int(d["since_ms"]),
-        slices=tuple((str(r), str(s)) for r, s in d["slices"]),
-        recovery=decode_recovery(d["recovery"]),
-        recovery_log_e=_float(d["recovery_log_e"]),
-        recovered_since_ms=_optional_int(d["recovered_since_ms"]),
-        run_start_ms=int(d["run_start_ms"]),
-        closed_ms=_optional_int(d["closed_ms"]),
-        closed_reason=None if reason is None else CloseReason(reason),
-    )
-
-
-def _optional_int(v: Any) -> int | None:
-    return None if v is None else int(v)
 
 
 def _dumps(value: dict[str, Any]) -> bytes:
@@ -232,7 +90,8 @@ class Recorder:
         self.outbox: list[Record] = []
         """Records to write, oldest first (the Kafka edge takes them: :meth:`take`)."""
         self.pending: Ledger | None = None
-        """A ledger read back, installed before the first boundary after it."""
+        """A ledger read back, waiting to be installed: once the detector has evaluated
+        the ledger's last boundary, or before its first boundary if that is later."""
 
     def due(
         self,
@@ -314,6 +173,7 @@ class Decisions(NamedTuple):
     """The ledger's decisions as of its last boundary, as the detector holds them."""
 
     open: list[Regression]
+    """The ones still open, in order of opening."""
     opened: list[Regression]
     """Every regression the ledger holds, in order of opening."""
     closed: list[Regression]

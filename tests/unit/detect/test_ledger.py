@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from service.core.monitor import Monitor, MonitorConfig
+from service.detect.codec import decode_regression, decode_test, encode_regression, encode_test
 from service.detect.detector import Detector
 from service.detect.ledger import (
     CLOSED_KEPT_MS,
@@ -20,10 +21,6 @@ from service.detect.ledger import (
     Ledger,
     Record,
     Recorder,
-    decode_regression,
-    decode_test,
-    encode_regression,
-    encode_test,
     regression_id,
 )
 from service.detect.lifecycle import Lifecycle
