@@ -107,21 +107,23 @@ def test_open_regressions_survive_a_restart_whose_windows_miss_the_opening(
     # a windows topic of its own: only the ledger can bring the regression back
     empty = replace(topics, windows=f"{topics.windows}.empty")
     admin.create_topics([NewTopic(empty.windows, num_partitions=1, replication_factor=1)])
+    second = ServiceProcess(empty, tmp_path / "second.log", regressions_topic=topics.regressions)
     try:
-        _restart_on(empty, topics.regressions, tmp_path, opened, before, sim.switch_at_ms or 0)
+        _restarted(second, empty, opened, before, sim.switch_at_ms or 0)
     finally:
+        if second.process.poll() is None:  # (else its follower would create it again)
+            second.process.kill()
+            second.process.wait(timeout=30)
         admin.delete_topics([empty.windows])
 
 
-def _restart_on(
+def _restarted(
+    second: ServiceProcess,
     empty: Topics,
-    regressions_topic: str,
-    tmp_path: Path,
     opened: set[tuple[str, str, str, str, str]],
     before: list[dict[str, Any]],
     switch_at_ms: int,
 ) -> None:
-    second = ServiceProcess(empty, tmp_path / "second.log", regressions_topic=regressions_topic)
     second.wait_ready()
     second.wait_until(lambda: _opened(second) == opened, 120, "the ledger to be installed")
     after = _regressions(second)
