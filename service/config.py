@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     queries_topic: str = "retrieval.queries"
     feedback_topic: str = "retrieval.feedback"
     windows_topic: str = "retrieval.windows"
+    regressions_topic: str = "retrieval.regressions"
     deadletter_topic: str = "retrieval.deadletter"
     group_id: str = "retrieval-monitor"
     http_host: str = "127.0.0.1"

@@ -20,6 +20,11 @@ back *all* of it, whoever wrote it:
 
 Since every replica applies the same committed records in the same order of boundaries,
 every replica's rolling views, windows, comparisons and regressions are the same.
+
+With a regressions topic (``run``), the follower first reads it whole into a ledger that
+the detector takes back (:mod:`service.broker.ledger`: regressions opened or closed before
+the windows read back survive a restart), and after each batch of boundaries it writes
+the detector's new decisions to it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from service.broker import compat
+from service.broker.ledger import LedgerWriter, read_ledger
 from service.broker.waits import METADATA_WAIT_MS
 from service.core.state import ServiceState
 from service.stream.offsets import decode_metadata
@@ -100,6 +106,7 @@ class WindowFollower:
         partitions: int,
         since_ms: int,
         interval_s: float,
+        regressions_topic: str | None = None,
     ) -> None:
         self.state = state
         self.view = state.view
@@ -130,6 +137,8 @@ class WindowFollower:
         )
         self.admin = KafkaAdminClient(**client, client_id="retrieval-monitor-progress")
         self.tps: list[TopicPartition] = []
+        self.regressions_topic = regressions_topic
+        self.writer = None if regressions_topic is None else LedgerWriter(client, regressions_topic)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -154,6 +163,8 @@ class WindowFollower:
         """Stop reading and close the clients."""
         self._stop.set()
         self._thread.join(timeout=10)
+        if self.writer is not None:
+            self.writer.close()
         for close in (self.consumer.close, self._ends.close, self.admin.close):
             try:
                 close()
@@ -171,7 +182,39 @@ class WindowFollower:
                 self.state.health.failed = f"the window follower stopped: {error!r}"
             raise
 
+    def _restore(self) -> None:
+        """Read the regressions topic to its end, and give the detector its ledger (before
+        any boundary is evaluated); a broker that cannot be read is tried again."""
+        topic = self.regressions_topic
+        while topic is not None and not self._stop.is_set():
+            try:
+                ledger = read_ledger(self._client, topic)
+            except KafkaError as error:
+                log.warning("reading %s failed (%s); retrying", topic, error)
+                self._stop.wait(1.0)
+                continue
+            with self.state.lock:
+                self.view.detector.restore(ledger)
+            log.info(
+                "read %d records of %s back (through %s, %d not ledger records)",
+                len(ledger.values),
+                topic,
+                ledger.through_ms,
+                ledger.bad_records,
+            )
+            return
+
+    def _write(self) -> None:
+        """Write the detector's new decisions (and any that failed before)."""
+        recorder = self.view.detector.recorder
+        if self.writer is None or recorder is None:
+            return
+        with self.state.lock:
+            records = recorder.take()
+        self.writer.write(records)
+
     def _follow(self) -> None:
+        self._restore()
         pending: tuple[dict[int, int], dict[TopicPartition, int]] | None = None
         next_check = 0.0
         while not self._stop.is_set():
@@ -188,6 +231,7 @@ class WindowFollower:
                     with self.state.lock:
                         self.view.apply_progress(pending[0], self.partitions, self.state.wall_ms())
                     pending = None
+                    self._write()
             except KafkaError as error:  # the broker is away: try again, stay in place
                 log.warning("following %s failed (%s); retrying", self.windows_topic, error)
                 pending = None

@@ -20,7 +20,7 @@ log = logging.getLogger("retrieval_monitor")
 def run_service(settings: Settings) -> int:
     """Consume Kafka and serve HTTP until SIGTERM/SIGINT."""
     configure_logging(settings.log_level)
-    monitor = Monitor(monitor_config(settings), wall_ms, global_view=True)
+    monitor = Monitor(monitor_config(settings), wall_ms, global_view=True, record_decisions=True)
     state = ServiceState(
         monitor,
         wall_ms,
@@ -37,6 +37,7 @@ def run_service(settings: Settings) -> int:
         partitions=partitions,
         since_ms=wall_ms() - monitor.history_ms,
         interval_s=settings.commit_interval_ms / 1000,
+        regressions_topic=settings.regressions_topic,
     )
     follower.start()
     server, thread = serve_http(create_app(state), settings.http_host, settings.http_port)

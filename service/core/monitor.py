@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from service.core.view import ViewMode, WindowView
 from service.detect.detector import Detector
+from service.detect.ledger import Recorder
 from service.detect.model import DetectorConfig
 from service.metrics.ir import metric_keys
 from service.stream.counters import Counts
@@ -65,11 +66,16 @@ class Monitor:
         keep_opened: int | None = 10_000,
         *,
         global_view: bool = False,
+        record_decisions: bool = False,
     ) -> None:
+        """``record_decisions`` (``run``): the detector writes its decisions to an outbox
+        for the regressions topic, and can take them back after a restart
+        (:mod:`service.detect.ledger`); ``replay`` and ``demo`` keep no outbox."""
         self.config = config
         self.pipeline = Pipeline(config.pipeline, now_ms, counts)
         join = config.pipeline.join
-        self.detector = Detector(config.detector, keep_opened=keep_opened)
+        recorder = Recorder() if record_decisions else None
+        self.detector = Detector(config.detector, keep_opened=keep_opened, recorder=recorder)
         self.view = WindowView(
             join.window_ms,
             config.pipeline.rolling_ms,

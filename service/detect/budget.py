@@ -21,6 +21,10 @@ Within a family, each slice's test runs at the family's alpha over its slices
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from service.detect.history import SliceHistory
+from service.stream.windows import SliceKey
 from service.times import DAY_MS
 
 DEPLOY_COMPARISONS = 2
@@ -48,3 +52,17 @@ def drift_alpha(drift_budget: float, drift_period_ms: int) -> float:
 def slice_level(family_alpha: float, slices: int) -> float:
     """Each slice's level in a family of ``slices`` slices (Bonferroni)."""
     return family_alpha / slices
+
+
+def drift_family(
+    series: Mapping[SliceKey, SliceHistory], period: int, min_labelled: int
+) -> frozenset[SliceKey]:
+    """The slices whose drift tests share the period starting at ``period``: those with
+    ``min_labelled`` values the day before it began (fixed for the period)."""
+    return frozenset(
+        key
+        for key, s in series.items()
+        if s.first_start_ms is not None
+        and s.first_start_ms <= period - DAY_MS
+        and max(s.total(period - DAY_MS, period)[0::3], default=0) >= min_labelled
+    )

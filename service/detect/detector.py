@@ -58,8 +58,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from service.detect.budget import phase_alpha
+from service.detect.budget import drift_family, phase_alpha
+from service.detect.deploys import find_previous
 from service.detect.history import SliceHistory, window_row
+from service.detect.ledger import Decisions, Ledger, Recorder
 from service.detect.lifecycle import Lifecycle
 from service.detect.model import (
     DRIFT_LABEL,
@@ -100,6 +102,8 @@ class Detector:
     """The comparisons of the last evaluated boundary."""
     through_ms: int | None = None
     """The last evaluated boundary."""
+    recorder: Recorder | None = None
+    """``run``: the decisions go to a ledger (:mod:`service.detect.ledger`)."""
     _series: dict[SliceKey, SliceHistory] = field(default_factory=dict)
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
     _canaried: set[SliceKey] = field(default_factory=set)
@@ -142,6 +146,7 @@ class Detector:
         last = closed_through_ms - closed_through_ms % step
         firsts = [s.first_start_ms for s in self._series.values() if s.first_start_ms is not None]
         if not firsts:
+            self._take_ledger(last + step)
             return []
         boundary = min(firsts) + step
         if self.through_ms is not None:
@@ -154,7 +159,9 @@ class Detector:
             else []
         )
         opened: list[Regression] = []
+        was = self.through_ms
         while boundary <= last:
+            self._take_ledger(boundary)
             # nothing within reach and nothing open: jump to the next window (a gap in time)
             i = bisect.bisect_left(starts, boundary - reach)
             if not self.open and (i == len(starts) or starts[i] >= boundary):
@@ -166,15 +173,36 @@ class Detector:
             self.through_ms = boundary
             boundary += step
         self.through_ms = max(self.through_ms or last, last)
+        self._take_ledger(last + step)  # (evaluated through the ledger's last: at once)
         self._forget(last)
+        if self.recorder is not None and self.through_ms != was:
+            self.closed, self.opened = self.recorder.advanced(last, self.closed, self.opened)
         return opened
+
+    def restore(self, ledger: Ledger) -> None:
+        """Take back a ledger read at start (``run``): see :mod:`service.detect.ledger`."""
+        if self.recorder is None:
+            raise ValueError("restore needs a detector that records its decisions")
+        self.recorder.pending = ledger
+
+    def _take_ledger(self, boundary: int) -> None:
+        """Install a ledger waiting to be, before ``boundary`` if it speaks for none after."""
+        if self.recorder and (d := self.recorder.due(boundary, self.latest, self._life.resume)):
+            self._install(d)
+
+    def _install(self, decisions: Decisions) -> None:
+        """The ledger's decisions as of its last boundary (its own were scratch until then)."""
+        self.open = {r.key: r for r in decisions.open}
+        self.opened = deque(decisions.opened, self.keep_opened)
+        self.closed = deque(decisions.closed, self.keep_opened)
+        self._spent = {r.run for r in decisions.closed}
 
     # -- one boundary ---------------------------------------------------------------------
 
     def _evaluate(self, boundary: int) -> list[Regression]:
         plans = self._plan(boundary)
         results = self._look(plans)
-        self.latest = {c.key: c for c in results}
+        before, self.latest = self.latest, {c.key: c for c in results}
         self.comparisons.looked(results, boundary)
         opened: list[Regression] = []
         for plan, c in zip(plans, results, strict=True):
@@ -186,6 +214,7 @@ class Detector:
                 self.open[c.key] = regression
                 self.opened.append(regression)
                 opened.append(regression)
+        closing = []
         for regression in list(self.open.values()):
             reason = self._life.age(regression, boundary)
             if reason is not None:
@@ -193,7 +222,11 @@ class Detector:
                 regression.closed_reason = reason
                 del self.open[regression.key]
                 self.closed.append(regression)
+                closing.append(regression)
                 self._spent.add(regression.run)
+        if self.recorder is not None:
+            left = [self.open[k] for k in before if k not in self.latest and k in self.open]
+            self.recorder.evaluated(boundary, opened, closing, left)
         return opened
 
     def _plan(self, boundary: int) -> list[Plan]:
@@ -310,18 +343,10 @@ class Detector:
         )
 
     def _drift_family(self, period: int) -> frozenset[SliceKey]:
-        """The slices drift-tested in the period starting at ``period``: those with
-        ``min_labelled`` values the day before it began (fixed for the period)."""
-        cfg = self.config
+        """The slices drift-tested in the period starting at ``period`` (fixed for it)."""
         if self._period != period:
             self._period = period
-            self._family = frozenset(
-                key
-                for key, series in self._series.items()
-                if series.first_start_ms is not None
-                and series.first_start_ms <= period - DAY_MS
-                and max(series.total(period - DAY_MS, period)[0::3], default=0) >= cfg.min_labelled
-            )
+            self._family = drift_family(self._series, period, self.config.min_labelled)
         return self._family
 
     # -- deploys and retention ------------------------------------------------------------
@@ -333,30 +358,9 @@ class Detector:
         at = series.first_start_ms
         if at is None or at + self.config.window_ms > boundary:
             return None  # not decided yet
-        deploy = self._find_previous(key, at)
+        deploy = find_previous(self._series, key, at, self.config)
         self._deploys[key] = deploy
         return deploy
-
-    def _find_previous(self, key: SliceKey, at: int) -> Deploy | None:
-        cfg = self.config
-        best: tuple[int, str] | None = None
-        history_from = None
-        for (retriever, segment), other in self._series.items():
-            if segment != key[1] or retriever == key[0]:
-                continue
-            first = other.first_start_ms
-            if first is not None and (history_from is None or first < history_from):
-                history_from = first
-            recent = other.total(at - cfg.candidate_ms, at)
-            labelled = max(recent[0::3], default=0)
-            if labelled and (best is None or (labelled, retriever) > best):
-                best = (labelled, retriever)
-        # a version seen within the first hour of any history is not a deploy but a start
-        if best is None or history_from is None or history_from > at - cfg.candidate_ms:
-            return None
-        previous = self._series[best[1], key[1]]
-        daily = previous.first_start_ms is not None and previous.first_start_ms <= at - DAY_MS
-        return Deploy(best[1], at, daily)
 
     def _forget(self, boundary: int) -> None:
         cfg = self.config

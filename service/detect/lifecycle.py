@@ -28,6 +28,7 @@ from service.detect.model import (
 )
 from service.detect.recovery import (
     RECOVERY_MEMORY_MS,
+    Recovery,
     Row,
     profile,
     recovery_drop,
@@ -136,14 +137,7 @@ class Lifecycle:
         recovery = regression.recovery
         if recovery is None:
             return None
-        start = max(regression.evidence_end_ms, boundary - RECOVERY_MEMORY_MS)
-        merged: dict[int, Row] = {}
-        for key in regression.slices:
-            series = self.series.get(key)
-            for window_start, row in series.rows(start, boundary) if series else ():
-                current = merged.get(window_start)
-                merged[window_start] = row if current is None else _plus(current, row)
-        regression.recovery_log_e = recovery.statistic(sorted(merged.items()))
+        regression.recovery_log_e = self._statistic(regression, recovery, boundary)
         if regression.recovery_log_e < self.threshold:
             regression.recovered_since_ms = None
             return None
@@ -152,6 +146,48 @@ class Lifecycle:
         if boundary - regression.recovered_since_ms >= self.config.close_after_ms:
             return CloseReason.RECOVERED
         return None
+
+    def resume(self, regression: Regression, boundary: int) -> None:
+        """Set the recovery statistic and ``recovered_since_ms`` of a regression open at
+        ``boundary`` as :meth:`age` left them there, from the windows alone (a restarted
+        replica that takes the regression from the ledger: :mod:`service.detect.ledger`).
+
+        Both are pure functions of the recent windows: the statistic at a boundary looks
+        back at most ``RECOVERY_MEMORY_MS``, and the run of boundaries at which it showed
+        the drop gone is found by walking back from ``boundary`` (a boundary at which no
+        slice of the version served left both as they were; the run is shorter than
+        ``close_after_ms``, or it would have closed)."""
+        recovery = regression.recovery
+        regression.recovery_log_e, regression.recovered_since_ms = 0.0, None
+        if recovery is None:
+            return
+        step, close_after = self.config.window_ms, self.config.close_after_ms
+        latest: int | None = None  # the last boundary at which the version served
+        b = boundary
+        while b > regression.evidence_end_ms and b > boundary - self.config.reach_ms:
+            if latest is not None and latest - b >= close_after:
+                break
+            lo = b - self.config.candidate_ms
+            if any(self._serves(key, lo, b) for key in regression.slices):
+                log_e = self._statistic(regression, recovery, b)
+                if latest is None:
+                    latest, regression.recovery_log_e = b, log_e
+                if log_e < self.threshold:
+                    break
+                regression.recovered_since_ms = b
+            b -= step
+
+    def _statistic(self, regression: Regression, recovery: Recovery, boundary: int) -> float:
+        """The recovery statistic at ``boundary``: the version's windows since its
+        evidence ended, within ``RECOVERY_MEMORY_MS``, merged over its slices."""
+        start = max(regression.evidence_end_ms, boundary - RECOVERY_MEMORY_MS)
+        merged: dict[int, Row] = {}
+        for key in regression.slices:
+            series = self.series.get(key)
+            for window_start, row in series.rows(start, boundary) if series else ():
+                current = merged.get(window_start)
+                merged[window_start] = row if current is None else _plus(current, row)
+        return recovery.statistic(sorted(merged.items()))
 
     def _serves(self, key: SliceKey, lo: int, hi: int) -> bool:
         series = self.series.get(key)

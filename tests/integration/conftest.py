@@ -33,7 +33,8 @@ def admin() -> Iterator[KafkaAdminClient]:
 
 
 def create_topics(admin: KafkaAdminClient) -> Topics:
-    """Fresh input, windows and dead-letter topics (4 input partitions) and a group name."""
+    """Fresh input, windows, dead-letter and regressions topics (4 input partitions) and a
+    group name."""
     suffix = uuid.uuid4().hex[:8]
     names = Topics(
         queries=f"it-{suffix}.queries",
@@ -48,6 +49,12 @@ def create_topics(admin: KafkaAdminClient) -> Topics:
             NewTopic(names.feedback, num_partitions=4, replication_factor=1),
             NewTopic(names.windows, num_partitions=1, replication_factor=1),
             NewTopic(names.deadletter, num_partitions=1, replication_factor=1),
+            NewTopic(
+                names.regressions,
+                num_partitions=1,
+                replication_factor=1,
+                topic_configs={"cleanup.policy": "compact"},
+            ),
         ]
     )
     return names
@@ -55,7 +62,9 @@ def create_topics(admin: KafkaAdminClient) -> Topics:
 
 def delete_topics(admin: KafkaAdminClient, names: Topics) -> None:
     if not os.environ.get("RETRIEVAL_MONITOR_KEEP_TOPICS"):
-        admin.delete_topics([names.queries, names.feedback, names.windows, names.deadletter])
+        admin.delete_topics(
+            [names.queries, names.feedback, names.windows, names.deadletter, names.regressions]
+        )
 
 
 @pytest.fixture

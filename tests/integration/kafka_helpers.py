@@ -49,12 +49,19 @@ class Topics:
     bootstrap: str = BOOTSTRAP
     """The broker these topics live on (a test may start a broker of its own)."""
 
+    @property
+    def regressions(self) -> str:
+        """The regressions topic (the detector's ledger): one per windows topic, so that a
+        run never reads back another run's decisions."""
+        return f"{self.windows}.regressions"
+
     def env(self) -> dict[str, str]:
         return {
             "RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
             "RETRIEVAL_MONITOR_QUERIES_TOPIC": self.queries,
             "RETRIEVAL_MONITOR_FEEDBACK_TOPIC": self.feedback,
             "RETRIEVAL_MONITOR_WINDOWS_TOPIC": self.windows,
+            "RETRIEVAL_MONITOR_REGRESSIONS_TOPIC": self.regressions,
             "RETRIEVAL_MONITOR_DEADLETTER_TOPIC": self.deadletter,
             "RETRIEVAL_MONITOR_GROUP_ID": self.group,
         }
