@@ -84,13 +84,13 @@ class DetectorConfig:
     since (at least ``no_history_span_ms``, at most this)."""
     deploy_watch_ms: int = duration_field("24h")
     """How long after a version first appears it is compared with the previous one."""
-    no_history_watch_ms: int = duration_field("6h")
+    no_history_watch_ms: int = duration_field("4h")
     """Without a day of the previous version's history, how long after the switch the
     deploy comparison runs. It fits one straight line in time to both versions, with a
     jump at the switch (:mod:`service.detect.trend`): a daily cycle's slope cancels, and
-    what biases it is the cycle's curvature, more the longer it runs (a +-4-point cycle:
-    at most 1.1 points within 6 h, 2.2 at 8 h), so it stops while that is well below
-    ``min_effect``."""
+    what biases it is the cycle's curvature, more the longer it runs. Within 4 h any cycle
+    whose curvature is at most a +-4-point 24-hour sinusoid's biases it by less than 1.8
+    points (a sinusoid itself: 0.8; at 6 h: 4.5 and 1.1), below ``min_effect``."""
     no_history_span_ms: int = duration_field("4h")
     """Without a day of the previous version's history, the least span of its hours
     before the switch that the line is fitted on (once the new version has served longer,

@@ -15,9 +15,11 @@ Over a span mirrored about the switch, a linear trend cancels exactly and so doe
 symmetry, a quadratic one; what biases ``delta`` is the part of the cycle that is
 neither, the cycle's curvature weighted by how unevenly traffic falls on both sides.
 The detector fits at least ``no_history_span_ms`` (4 h) before the switch, which fixes
-the slope better early on at the price of some curvature: for a +-4-point 24-hour cycle
-with the benchmark's traffic (volume 0.5 to 1.5 times its mean, in phase) the bias is at
-most 0.8 point in the first 4 hours after the switch, 1.1 at 6 and 2.2 at 8 (see
+the slope better early on at the price of some curvature. With ``c_i`` the jump's weight
+on window ``i`` and ``x_i`` its time from the switch, a cycle with ``|f''| <= M`` biases
+the jump by at most ``M / 2 sum_i |c_i| x_i^2``; for a +-4-point 24-hour cycle with the
+benchmark's traffic (volume 0.5 to 1.5 times its mean, in phase) that is at most 1.8
+points in the first 4 hours after the switch, and a sinusoid itself at most 0.8 (see
 docs/detection.md).
 
 The fit is made with per-window (count, sum) of each side, in closed form: with each

@@ -168,12 +168,16 @@ def run_one(
     tau: float | None,
     short: bool,
     attribution_min: float | None = None,
+    no_history_span_h: float | None = None,
 ) -> RunResult:
     sim = simulation(kind, seed, queries_per_hour, short)
     now = [sim.start_ms]
     config = MonitorConfig()
     if tau is not None:
         config = replace(config, detector=replace(config.detector, tau=tau))
+    if no_history_span_h is not None:
+        span = int(no_history_span_h * HOUR_MS)
+        config = replace(config, detector=replace(config.detector, no_history_span_ms=span))
     if attribution_min is not None:  # both the join's and the detector's
         ms = int(attribution_min * 60_000)
         join = replace(config.pipeline.join, attribution_ms=ms)
@@ -319,6 +323,12 @@ def main() -> int:
         "within 5, so 5 shows what comparing at equal label maturity would gain",
     )
     parser.add_argument(
+        "--no-history-span",
+        type=float,
+        metavar="H",
+        help="the detector's no_history_span_ms in hours (default: its default, 4)",
+    )
+    parser.add_argument(
         "--short",
         action="store_true",
         help="12-hour runs from any hour, the event at hour 8 (no day of history), 2 segments",
@@ -338,6 +348,7 @@ def main() -> int:
                 [args.tau] * len(jobs),
                 [args.short] * len(jobs),
                 [args.attribution] * len(jobs),
+                [args.no_history_span] * len(jobs),
             )
         )
     elapsed = time.perf_counter() - started
