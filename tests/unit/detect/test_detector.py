@@ -262,9 +262,9 @@ def test_without_history_a_linear_trend_across_the_switch_is_not_a_drop(seed: in
     """A no-change deploy with 9 hours of history while quality falls 1.5 points an hour:
     against a mean of the hours before the switch, the decline looks like a drop that
     grows with the span (about 6 points after 4 hours; watched that long, the comparison
-    before this one opened on seed 2). The line shared by both versions carries the trend across the switch:
-    the deploy is tested for the whole default ``no_history_watch_ms`` (4 h, twice the
-    old comparison's) and nothing opens."""
+    before this one opened on seed 2). The line shared by both versions carries the trend
+    across the switch: the deploy is tested for the whole default ``no_history_watch_ms``
+    (4 h, twice the old comparison's) and nothing opens."""
     switch = T0 + 21 * H
     windows = _trending("v7", switch - 9 * H, 9, seed) + _trending("v8", switch, 8, seed + 10)
     key = ("v8", "kb", "recall@5", "v7")
