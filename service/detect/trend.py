@@ -39,7 +39,7 @@ returns, per metric, the sums of a sample of ``n_b`` values whose mean is ``m`` 
 whose mean's variance is that bracket, so the mixture SPRT
 (:func:`service.metrics.sequential.msprt_strata`) gets exactly ``delta`` and
 ``Var(delta)``. The fit on all windows so far is the least-squares (maximum likelihood,
-for normal errors) estimate of the jump from nested data, so its looks have the joint
+for normal errors of one variance) estimate of the jump from nested data, so its looks have the joint
 distribution of a sequential test on accumulating data, which is what the mixture's
 guarantee rests on.
 """
@@ -51,12 +51,10 @@ from typing import NamedTuple
 
 from service.detect.model import Sums
 from service.metrics.aggregates import SCALE, Moments
+from service.times import HOUR_MS
 
 WindowRow = tuple[int, Sums]
 """(window start relative to the switch, in ms; the window's flat row)."""
-
-
-HOUR_MS = 3_600_000
 
 
 class Side(NamedTuple):
@@ -100,8 +98,8 @@ def trend_moments(
 ) -> Moments:
     """The baseline side of the ``index``-th metric (see the module): the sums of ``n_b``
     values with the trend's mean at the new version's mean time and the variance that
-    gives the fit's; empty when either side has fewer than 2 values or all of a side's
-    values fall in one window (no slope to fit)."""
+    gives the fit's; empty when either side has fewer than 2 values or neither side's
+    values span two windows (no slope to fit)."""
     half = window_ms // 2
     b = _side(before, index, half)
     c = _side(after, index, half)
