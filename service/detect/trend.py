@@ -39,9 +39,9 @@ returns, per metric, the sums of a sample of ``n_b`` values whose mean is ``m`` 
 whose mean's variance is that bracket, so the mixture SPRT
 (:func:`service.metrics.sequential.msprt_strata`) gets exactly ``delta`` and
 ``Var(delta)``. The fit on all windows so far is the least-squares (maximum likelihood,
-for normal errors of one variance) estimate of the jump from nested data, so its looks have the joint
-distribution of a sequential test on accumulating data, which is what the mixture's
-guarantee rests on.
+for normal errors of one variance) estimate of the jump from nested data, so its looks
+have the joint distribution of a sequential test on accumulating data, which is what
+the mixture's guarantee rests on.
 """
 
 from __future__ import annotations
