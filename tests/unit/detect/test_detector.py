@@ -455,10 +455,8 @@ def test_a_drop_in_find_rate_alone_opens_on_the_labelled_share() -> None:
     assert [r.opening.metric for r in opened] == [LABELLED_SHARE]
     r = opened[0].opening
     assert r.baseline_mean == pytest.approx(0.66, abs=0.02)
-    # every finalised query, labelled or not, of v7's span before the switch as long as
-    # v8's since (at least an hour): no day of history
-    span = max(H, opened[0].evidence_end_ms - deploy)
-    assert r.n_baseline == span // W * 60
+    # every finalised query, labelled or not, of v7's same hours one day earlier
+    assert r.n_baseline == (opened[0].evidence_end_ms - deploy) // W * 60
     assert ("v8", "kb", "recall@5", "v7") in detector.latest  # tested, not regressed
 
 
