@@ -77,7 +77,7 @@ from service.detect.model import (
 )
 from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
 from service.detect.status import ComparisonBook, WhyNot
-from service.detect.trend import WindowRow, trend_baseline
+from service.detect.trend import trend_baseline, window_rows
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
@@ -276,12 +276,8 @@ class Detector:
             # part of a daily cycle cancels too)
             span = min(cfg.baseline_ms, max(cfg.no_history_span_ms, end - deploy.at_ms))
             # (none when the previous version's windows are forgotten: too few values)
-            before = (
-                _rows(previous, deploy.at_ms - span, end, deploy.at_ms, cfg.window_ms)
-                if previous
-                else []
-            )
-            after = _rows(series, deploy.at_ms, end, deploy.at_ms, cfg.window_ms)
+            before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms, cfg.window_ms)
+            after = window_rows(series, deploy.at_ms, end, deploy.at_ms, cfg.window_ms)
             base = trend_baseline(before, after, len(self._watched), cfg.window_ms)
         family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, canaried), 1, deploy.at_ms)
         return family, base, candidate
@@ -400,12 +396,3 @@ class Detector:
             if key not in rows:
                 rows[key] = (True, regression.latest)
         return [(key, flag, c) for key, (flag, c) in sorted(rows.items())]
-
-
-def _rows(
-    series: SliceHistory, lo_ms: int, hi_ms: int, at_ms: int, window_ms: int
-) -> list[WindowRow]:
-    """The windows of ``series`` starting in ``[lo_ms, hi_ms)``, timed from ``at_ms``."""
-    i = bisect.bisect_left(series.starts, lo_ms)
-    j = bisect.bisect_left(series.starts, hi_ms)
-    return [(t - at_ms, series.total(t, t + window_ms)) for t in series.starts[i:j]]

@@ -46,9 +46,11 @@ the mixture's guarantee rests on.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from service.detect.history import SliceHistory
 from service.detect.model import Sums
 from service.metrics.aggregates import SCALE, Moments
 from service.times import HOUR_MS
@@ -131,3 +133,15 @@ def trend_baseline(
         m = trend_moments(before, after, index, window_ms)
         row += (m.count, m.sum_fx, m.sum_sq_fx)
     return row
+
+
+def window_rows(
+    series: SliceHistory | None, lo_ms: int, hi_ms: int, at_ms: int, window_ms: int
+) -> list[WindowRow]:
+    """The windows of ``series`` starting in ``[lo_ms, hi_ms)``, timed from ``at_ms``
+    (none without a series: its windows were forgotten)."""
+    if series is None:
+        return []
+    i = bisect.bisect_left(series.starts, lo_ms)
+    j = bisect.bisect_left(series.starts, hi_ms)
+    return [(t - at_ms, series.total(t, t + window_ms)) for t in series.starts[i:j]]
