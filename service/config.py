@@ -116,6 +116,9 @@ class Settings(BaseSettings):
     regression_no_history_watch_ms: Duration = ms_setting(
         "regression_no_history_watch", DetectorConfig, "no_history_watch_ms"
     )
+    regression_no_history_span_ms: Duration = ms_setting(
+        "regression_no_history_span", DetectorConfig, "no_history_span_ms"
+    )
     regression_min_labelled: int = default_of(DetectorConfig, "min_labelled")
     regression_min_effect: float = default_of(DetectorConfig, "min_effect")
     regression_alpha: float = default_of(DetectorConfig, "alpha")
@@ -253,6 +256,7 @@ _DETECTOR_SETTINGS = {
     "baseline_ms": "regression_baseline",
     "deploy_watch_ms": "regression_deploy_watch",
     "no_history_watch_ms": "regression_no_history_watch",
+    "no_history_span_ms": "regression_no_history_span",
     "min_labelled": "regression_min_labelled",
     "min_effect": "regression_min_effect",
     "alpha": "regression_alpha",
@@ -296,6 +300,7 @@ def monitor_config(settings: Settings) -> MonitorConfig:
         baseline_ms=whole_windows(settings.regression_baseline_ms, window),
         deploy_watch_ms=whole_windows(settings.regression_deploy_watch_ms, window),
         no_history_watch_ms=whole_windows(settings.regression_no_history_watch_ms, window),
+        no_history_span_ms=whole_windows(settings.regression_no_history_span_ms, window),
         min_labelled=settings.regression_min_labelled,
         min_effect=settings.regression_min_effect,
         alpha=settings.regression_alpha,

@@ -25,14 +25,15 @@ among all finalised queries).
   maturity. Once it no longer serves (a full rollout, or a promoted canary), the new
   version is compared with the previous one over the same hours one day earlier (with
   less than a day of its history: as long a span just before the switch as the new
-  version has served, at least ``candidate_ms`` and at most ``baseline_ms``, plus
-  whatever the previous version served after, and only for ``no_history_watch_ms``
-  after the switch, since a daily cycle biases it more the longer it runs). Both sides
-  end at the new version's last closed window, and a version that served nothing for
-  ``candidate_ms`` (rolled back) is no longer tested. Both phases share one regression
-  key, so a promoted canary keeps one comparison; when there was a canary phase, each
-  phase spends half of the family's alpha (a union bound keeps its total; every share:
-  :mod:`service.detect.budget`).
+  version has served, at least ``no_history_span_ms`` and at most ``baseline_ms``, plus
+  whatever the previous version served after, through a straight line in time that both
+  versions share, so that a daily cycle's slope cancels (:mod:`service.detect.trend`);
+  and only for ``no_history_watch_ms`` after the switch, since its curvature biases the
+  line more the longer it runs). Both sides end at the new version's last closed window,
+  and a version that served nothing for ``candidate_ms`` (rolled back) is no longer
+  tested. Both phases share one regression key, so a promoted canary keeps one
+  comparison; when there was a canary phase, each phase spends half of the family's
+  alpha (a union bound keeps its total; every share: :mod:`service.detect.budget`).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
@@ -78,6 +79,7 @@ from service.detect.model import (
 )
 from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
 from service.detect.status import ComparisonBook, WhyNot
+from service.detect.trend import trend_baseline, window_rows
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
@@ -300,15 +302,16 @@ class Detector:
             # the previous version over the same hours one day earlier: a daily cycle of
             # traffic and quality cancels (the full day before would not match the hours)
             base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
-        else:  # less than a day of its history: as long a span before the switch as after
+        else:  # less than a day of its history: a trend across the switch
             if end - deploy.at_ms > cfg.no_history_watch_ms:
-                return None  # (a daily cycle would bias it more and more: see the config)
-            span = min(cfg.baseline_ms, max(cfg.candidate_ms, end - deploy.at_ms))
-            before = previous.total(deploy.at_ms - span, deploy.at_ms) if previous else since
-            # (``since`` is all zeros when the previous version's windows are forgotten)
-            # (mirrored about the switch, a smooth daily cycle biases it far less than the
-            # whole of its last hours would; it cannot cancel it, see docs/detection.md)
-            base = [a + b for a, b in zip(before, since, strict=True)]
+                return None  # (past its watch the cycle's curvature would bias it: see config)
+            # at least no_history_span_ms, then mirrored about the switch (where a quadratic
+            # part of a daily cycle cancels too)
+            span = min(cfg.baseline_ms, max(cfg.no_history_span_ms, end - deploy.at_ms))
+            # (none when the previous version's windows are forgotten: too few values)
+            before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms, cfg.window_ms)
+            after = window_rows(series, deploy.at_ms, end, deploy.at_ms, cfg.window_ms)
+            base = trend_baseline(before, after, len(self._watched), cfg.window_ms)
         family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, canaried), 1, deploy.at_ms)
         return family, base, candidate
 

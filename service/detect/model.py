@@ -81,14 +81,21 @@ class DetectorConfig:
     baseline_ms: int = duration_field("24h")
     """Without a day of the previous version's history, a deploy is compared with the
     previous version over as long a span before the switch as the new version has served
-    since (at least ``candidate_ms``, at most this)."""
+    since (at least ``no_history_span_ms``, at most this)."""
     deploy_watch_ms: int = duration_field("24h")
     """How long after a version first appears it is compared with the previous one."""
-    no_history_watch_ms: int = duration_field("2h")
+    no_history_watch_ms: int = duration_field("4h")
     """Without a day of the previous version's history, how long after the switch the
-    deploy comparison (with the hours just before it) runs: a daily cycle in quality
-    biases it by about twice the cycle's slope times half this span, so it stops while
-    that is small."""
+    deploy comparison runs. It fits one straight line in time to both versions, with a
+    jump at the switch (:mod:`service.detect.trend`): a daily cycle's slope cancels, and
+    what biases it is the cycle's curvature, more the longer it runs. Within 4 h any cycle
+    whose curvature is at most a +-4-point 24-hour sinusoid's biases it by less than 1.8
+    points (a sinusoid itself: 0.8; at 6 h: 4.5 and 1.1), below ``min_effect``."""
+    no_history_span_ms: int = duration_field("4h")
+    """Without a day of the previous version's history, the least span of its hours
+    before the switch that the line is fitted on (once the new version has served longer,
+    as long a span as it has served): a longer span fixes the slope better and lets the
+    cycle's curvature bias it more."""
     min_labelled: int = 200
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
@@ -115,6 +122,7 @@ class DetectorConfig:
             "baseline_ms",
             "deploy_watch_ms",
             "no_history_watch_ms",
+            "no_history_span_ms",
             "close_after_ms",
             "drift_period_ms",
         ):

@@ -14,6 +14,14 @@ Two baselines:
   beside the new one for a canary, over the same hours one day earlier otherwise;
 * ``known``: the baseline's mean as if known exactly (only the candidate's variance),
   which no amount of history beats (approximately: the mean is the ``day`` one's).
+
+Without a day of history (``--short``) the ``day`` baseline is the detector's trend
+instead (:mod:`service.detect.trend`: one line shared by both versions, a jump at the
+switch, fitted on the previous version's windows over at least ``no_history_span_ms``
+before the switch); ``known`` then takes the trend's mean with only the candidate's
+variance, which is what a test that knew the previous version's mean at the new
+version's hours could find (its spread is a little wider than the truth's, as the
+trend's mean is estimated).
 """
 
 from __future__ import annotations
@@ -22,7 +30,9 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
-from service.detect.model import LABELLED_SHARE
+from service.detect.model import LABELLED_SHARE, DetectorConfig
+from service.detect.trend import WindowRow, trend_moments
+from service.metrics.aggregates import SCALE
 from service.stream.windows import ClosedWindow
 from service.times import DAY_MS
 
@@ -76,6 +86,8 @@ def oracle_z(
         and w.end_ms <= end - shift
         and (not concurrent or w.start_ms >= start + 300_000)  # not the switch's window
     ]
+    if not concurrent and not base:  # no day of history: the detector's trend
+        return _trend_z(windows, cand, previous, start, end, metric)
     cand_totals, base_totals = _totals(cand, metric), _totals(base, metric)
     c, b = _mean_var(cand_totals), _mean_var(base_totals)
     if c is None or b is None:
@@ -87,6 +99,50 @@ def oracle_z(
         return None
     delta = c[0] - b[0]
     return delta / se_day, delta / se_known
+
+
+def _rows(windows: Iterable[ClosedWindow], at_ms: int, metric: str) -> list[WindowRow]:
+    """One metric's (count, sum_fx, sum_sq_fx) per window start, timed from ``at_ms``."""
+    rows: dict[int, list[int]] = {}
+    for w in windows:
+        row = rows.setdefault(w.start_ms - at_ms, [0, 0, 0])
+        if metric == LABELLED_SHARE:
+            row[0] += w.queries
+            row[1] += w.labelled * SCALE
+            row[2] += w.labelled * SCALE
+        elif (m := w.metrics.get(metric)) is not None:
+            row[0] += m.count
+            row[1] += m.sum_fx
+            row[2] += m.sum_sq_fx
+    return sorted((start, tuple(row)) for start, row in rows.items())
+
+
+def _trend_z(
+    windows: Sequence[ClosedWindow],
+    cand: Sequence[ClosedWindow],
+    previous: str,
+    start: int,
+    end: int,
+    metric: str,
+) -> tuple[float, float] | None:
+    """The (trend, known) z statistics without a day of history: the detector's trend
+    over its span (at least ``no_history_span_ms`` before the switch, as long as the
+    candidate's after that)."""
+    config = DetectorConfig()
+    span = max(config.no_history_span_ms, end - start)
+    before = [w for w in windows if w.retriever == previous and start - span <= w.start_ms < end]
+    window_ms = cand[0].end_ms - cand[0].start_ms if cand else config.window_ms
+    base = trend_moments(_rows(before, start, metric), _rows(cand, start, metric), 0, window_ms)
+    c = _mean_var(_totals(cand, metric))
+    if c is None or base.mean is None or base.variance is None:
+        return None
+    nc = _totals(cand, metric)[0]
+    se_trend = math.sqrt(c[1] / nc + base.variance / base.count)
+    se_known = math.sqrt(c[1] / nc)
+    if se_known == 0:
+        return None
+    delta = c[0] - base.mean
+    return delta / se_trend, delta / se_known
 
 
 def power(zs: Sequence[float | None], alpha: float) -> float:

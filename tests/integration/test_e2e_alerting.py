@@ -76,16 +76,10 @@ def start_stack(
     topics = create_topics(admin)
     sim = deploy_traffic(bad, seed=11)
     produce(topics, generate(sim))
-    # the previous version has no day of history, so the deploy is compared with the hours
-    # before the switch, by default for 2 h only; the traffic's 2.5 h after the switch
-    # (and the wall time the test waits) would end that watch mid-test: watch 4 h
+    # the previous version has no day of history, so the deploy is compared through its
+    # trend before the switch, by default for 6 h: longer than the traffic's 2.5 h after it
     services = [
-        ServiceProcess(
-            topics,
-            tmp / f"{name}-service-{i}.log",
-            transactional_id=f"{name}-{i}",
-            regression_no_history_watch="4h",
-        )
+        ServiceProcess(topics, tmp / f"{name}-service-{i}.log", transactional_id=f"{name}-{i}")
         for i in range(replicas)
     ]
     webhook = Webhook()

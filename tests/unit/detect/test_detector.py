@@ -243,29 +243,65 @@ def test_a_deploy_after_a_day_of_history_is_compared_with_the_same_hours() -> No
     assert day_mean - c.candidate_mean > 0.04  # what a whole-day baseline would have called a drop
 
 
+def _trending(
+    retriever: str, start: int, hours: int, seed: int, drop: float = 0.0, per_window: int = 40
+) -> list[ClosedWindow]:
+    """Recall falling by 1.5 points an hour from 0.90 at ``T0 + 12 h``, all day long
+    (a linear stretch of a daily cycle); ``drop`` lower throughout."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(hours * 12):
+        t = start + i * W
+        p = 0.90 - 0.015 * (t + W / 2 - T0 - 12 * H) / H - drop
+        out.append(window(retriever, t, rng, p, per_window))
+    return out
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_without_history_a_deploy_is_compared_with_the_hours_before_only_briefly(
-    seed: int,
-) -> None:
-    """A no-change deploy at 22:00 with 9 hours of history, while quality falls for the
-    night: against the hours just before the switch the evening decline looks like a drop
-    that grows with the span. Watched for a day it opens (after about 3.5 hours); for the
-    default ``no_history_watch_ms`` (2 h) it does not, and is then no longer tested."""
-    switch = T0 + 22 * H
-    windows = _cycled("v7", switch - 9 * H, 9, seed=seed) + _cycled("v8", switch, 8, seed=seed + 10)
+def test_without_history_a_linear_trend_across_the_switch_is_not_a_drop(seed: int) -> None:
+    """A no-change deploy with 9 hours of history while quality falls 1.5 points an hour:
+    against a mean of the hours before the switch, the decline looks like a drop that
+    grows with the span (about 6 points after 4 hours; watched that long, the comparison
+    before this one opened on seed 2). The line shared by both versions carries the trend
+    across the switch: the deploy is tested for the whole default ``no_history_watch_ms``
+    (4 h, twice the old comparison's) and nothing opens."""
+    switch = T0 + 21 * H
+    windows = _trending("v7", switch - 9 * H, 9, seed) + _trending("v8", switch, 8, seed + 10)
     key = ("v8", "kb", "recall@5", "v7")
-    long_watch = Detector(CONFIG)  # watched for a day
-    long_watch.add(windows)
-    long_watch.advance(switch + 8 * H)
-    assert [r.opening.key for r in long_watch.opened] == [key]
-    assert long_watch.opened[0].evidence_end_ms > switch + DEFAULT_NO_HISTORY_WATCH
     detector = Detector(replace(CONFIG, no_history_watch_ms=DEFAULT_NO_HISTORY_WATCH))
     detector.add(windows)
     detector.advance(switch + DEFAULT_NO_HISTORY_WATCH)
-    assert detector.latest[key].kind == "deploy"  # tested up to the end of its watch
+    c = detector.latest[key]
+    assert c.kind == "deploy"  # still tested, 4 hours after the switch
+    assert c.n_candidate == DEFAULT_NO_HISTORY_WATCH // W * 40
+    # the line's prediction at v8's hours, not the mean of v7's last hours
+    before = [w for w in windows if w.retriever == "v7" and w.start_ms >= switch - 4 * H]
+    plain = sum(w.metrics["recall@5"].sum for w in before) / sum(
+        w.metrics["recall@5"].count for w in before
+    )
+    assert plain - c.candidate_mean > 0.03  # 0.06 expected
+    # the line at v8's hours: 0.765 at the switch, 1.5 points an hour lower, 2 h on average
+    assert c.baseline_mean == pytest.approx(0.735, abs=3 * math.sqrt(c.look.variance))
+    assert abs(c.delta) < 3 * math.sqrt(c.look.variance)  # no drop, within its noise
     detector.advance(switch + 8 * H)
     assert not detector.opened
-    assert key not in detector.latest
+    assert key not in detector.latest  # its watch ended
+
+
+def test_without_history_a_drop_is_found_after_two_hours() -> None:
+    """A 10-point drop across the same falling trend, at a volume (300 an hour) where the
+    first 2 hours of evidence (the whole watch before the trend) do not suffice: it opens
+    later, within the 4-hour watch."""
+    switch = T0 + 21 * H
+    windows = _trending("v7", switch - 9 * H, 9, seed=5, per_window=25)
+    windows += _trending("v8", switch, 8, seed=6, drop=0.10, per_window=25)
+    detector = Detector(replace(CONFIG, no_history_watch_ms=DEFAULT_NO_HISTORY_WATCH))
+    detector.add(windows)
+    detector.advance(switch + 8 * H)
+    opened = [r for r in detector.opened if r.opening.retriever == "v8"]
+    assert [r.opening.key for r in opened] == [("v8", "kb", "recall@5", "v7")]
+    assert switch + 2 * H < opened[0].evidence_end_ms <= switch + DEFAULT_NO_HISTORY_WATCH
+    assert opened[0].opening.delta < -CONFIG.min_effect
 
 
 def test_a_bad_deploy_at_night_is_still_found_against_the_same_hours() -> None:
@@ -335,10 +371,10 @@ def test_a_promoted_canary_keeps_one_comparison() -> None:
 def test_a_deploy_to_several_segments_is_also_tested_pooled_over_them() -> None:
     """v8 replaces v7 in two segments: besides each segment's test, one stratified test
     over both (segment ``*``) has twice the evidence and opens first."""
-    deploy = T0 + 6 * H
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
     windows: list[ClosedWindow] = []
     for seed, segment in ((1, "kb"), (3, "docs")):
-        windows += traffic("v7", T0, 6, 0.85, 20, seed=seed, segment=segment)
+        windows += traffic("v7", T0, 30, 0.85, 20, seed=seed, segment=segment)
         windows += traffic("v8", deploy, 4, 0.76, 20, seed=seed + 1, segment=segment)
     detector = run(windows)
     first = {r.opening.segment: r for r in detector.opened if r.opening.metric == "recall@5"}
@@ -360,22 +396,22 @@ def test_a_deploy_to_several_segments_is_also_tested_pooled_over_them() -> None:
 
 
 def test_a_deploy_to_one_segment_has_no_pooled_test() -> None:
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.85, 20, seed=1, segment="kb")
-    windows += traffic("v7", T0, 10, 0.85, 20, seed=2, segment="docs")
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
+    windows = traffic("v7", T0, 30, 0.85, 20, seed=1, segment="kb")
+    windows += traffic("v7", T0, 34, 0.85, 20, seed=2, segment="docs")
     windows += traffic("v8", deploy, 4, 0.70, 20, seed=3, segment="kb")
     detector = run(windows)
-    assert {k[1] for k in detector.latest} == {"kb"}
+    assert {k[1] for k in detector.latest if k[0] == "v8"} == {"kb"}
     assert [r.opening.segment for r in detector.opened] == ["kb"]
 
 
 def test_the_pooled_test_weighs_each_segment_by_the_candidates_mix() -> None:
     """kb's recall is 0.9 and docs' 0.5 under both versions, but v8 serves mostly docs:
     the plain pooled means differ by 0.15, the stratified difference is about 0."""
-    deploy = T0 + 6 * H
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
     windows: list[ClosedWindow] = []
     for seed, segment, p, after in ((1, "kb", 0.9, 10), (3, "docs", 0.5, 70)):
-        windows += traffic("v7", T0, 6, p, 40, seed=seed, segment=segment)
+        windows += traffic("v7", T0, 30, p, 40, seed=seed, segment=segment)
         windows += traffic("v8", deploy, 4, p, after, seed=seed + 1, segment=segment)
     detector = run(windows)
     c = detector.latest["v8", POOLED_SEGMENT, "recall@5", "v7"]
@@ -411,18 +447,16 @@ def test_a_rolled_back_version_stops_being_compared_and_its_regression_closes() 
 def test_a_drop_in_find_rate_alone_opens_on_the_labelled_share() -> None:
     """The new version finds the answer less often: its misses leave no label, so recall
     over the labelled queries does not move, but the labelled share falls."""
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.85, 60, seed=1, find=0.66)
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
+    windows = traffic("v7", T0, 30, 0.85, 60, seed=1, find=0.66)
     windows += traffic("v8", deploy, 4, 0.85, 60, seed=2, find=0.56)
     detector = run(windows)
     opened = [r for r in detector.opened if r.opening.retriever == "v8"]
     assert [r.opening.metric for r in opened] == [LABELLED_SHARE]
     r = opened[0].opening
     assert r.baseline_mean == pytest.approx(0.66, abs=0.02)
-    # every finalised query, labelled or not, of v7's span before the switch as long as
-    # v8's since (at least an hour): no day of history
-    span = max(H, opened[0].evidence_end_ms - deploy)
-    assert r.n_baseline == span // W * 60
+    # every finalised query, labelled or not, of v7's same hours one day earlier
+    assert r.n_baseline == (opened[0].evidence_end_ms - deploy) // W * 60
     assert ("v8", "kb", "recall@5", "v7") in detector.latest  # tested, not regressed
 
 
@@ -483,8 +517,8 @@ def test_the_drift_budget_is_split_over_the_slices_of_a_period() -> None:
 
 
 def test_the_p_value_is_the_smallest_so_far_and_family_adjusted() -> None:
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 3, 0.83, 40, seed=2)
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
+    windows = traffic("v7", T0, 30, 0.85, 40, seed=1) + traffic("v8", deploy, 3, 0.81, 40, seed=2)
     detector = Detector(CONFIG)
     detector.add(windows)
     key = ("v8", "kb", "recall@5", "v7")
@@ -502,8 +536,8 @@ def test_the_p_value_is_the_smallest_so_far_and_family_adjusted() -> None:
 
 
 def test_the_e_value_is_the_mixture_ratio_of_the_sides() -> None:
-    deploy = T0 + 6 * H
-    windows = traffic("v7", T0, 6, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.80, 40, seed=2)
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
+    windows = traffic("v7", T0, 30, 0.85, 40, seed=1) + traffic("v8", deploy, 2, 0.80, 40, seed=2)
     detector = run(windows)
     c = detector.latest["v8", "kb", "recall@5", "v7"]
     pb, pc = c.baseline_mean, c.candidate_mean
@@ -520,10 +554,10 @@ def test_the_e_value_is_the_mixture_ratio_of_the_sides() -> None:
 
 
 def test_partitions_add_up_and_a_repeated_window_counts_once() -> None:
-    deploy = T0 + 6 * H
+    deploy = T0 + 30 * H  # a day of history: the same hours a day earlier
     both = []
     for partition, seed in ((0, 1), (1, 2)):
-        for w in traffic("v7", T0, 6, 0.85, 20, seed) + traffic("v8", deploy, 1, 0.8, 20, seed):
+        for w in traffic("v7", T0, 30, 0.85, 20, seed) + traffic("v8", deploy, 1, 0.8, 20, seed):
             both.append(replace(w, partition=partition))
     # v7's last hour of partition 0 and v8's first half hour delivered twice (at least once)
     detector = run(both + both[60:72] + both[72:78])

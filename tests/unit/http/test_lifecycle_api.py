@@ -111,11 +111,13 @@ def test_replay_writes_closed_at_and_reason(files: dict[str, Path], tmp_path: Pa
 
 
 def test_tests_name_why_a_comparison_does_not_run(files: dict[str, Path], tmp_path: Path) -> None:
-    """A good deploy 3.5 h before the end, without a day of history: its watch (2 h) has
-    ended; the tiny segment never had 200 values a side; hybrid-v7 has been seen from the
-    start (no previous version); nothing has a day of history for drift."""
+    """A good deploy 3.5 h before the end, without a day of history: its watch (2 h here,
+    shorter than the default) has ended; the tiny segment never had 200 values a side;
+    hybrid-v7 has been seen from the start (no previous version); nothing has a day of
+    history for drift."""
     out = tmp_path / "tests.jsonl"
-    assert main(["replay", str(files["quiet"]), "--tests-out", str(out)]) == 0
+    watch = ["--regression-no-history-watch", "2h"]
+    assert main(["replay", str(files["quiet"]), "--tests-out", str(out), *watch]) == 0
     rows = {
         (r["retriever"], r["segment"], r["metric"], r["kind"]): r
         for r in map(json.loads, out.read_text().splitlines())
