@@ -29,11 +29,10 @@ among all finalised queries).
   whatever the previous version served after, through a straight line in time that both
   versions share, so that a daily cycle's slope cancels (:mod:`service.detect.trend`);
   and only for ``no_history_watch_ms`` after the switch, since its curvature biases the
-  line more the longer it runs). Both sides end at the new version's last closed window,
-  and a version that served nothing for ``candidate_ms`` (rolled back) is no longer
-  tested. Both phases share one regression key, so a promoted canary keeps one
-  comparison; when there was a canary phase, each phase spends half of the family's
-  alpha (a union bound keeps its total; every share: :mod:`service.detect.budget`).
+  line more the longer it runs). Both sides end at the new version's last closed window;
+  a version that served nothing for ``candidate_ms`` (rolled back) is no longer tested.
+  A promoted canary keeps one comparison (one key), each phase with half of its alpha
+  (:mod:`service.detect.budget`).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
