@@ -13,8 +13,7 @@ reaches ``slices / alpha`` of its family (Bonferroni over the family's slices), 
 is at least ``min_effect`` and both sides have ``min_labelled`` values. By Ville's
 inequality a family whose versions do not differ opens nothing, at any look, with
 probability at least ``1 - alpha``.
-Metrics are the configured ones plus the labelled share (queries with a relevant label
-among all finalised queries).
+Metrics: the configured ones plus the labelled share (queries with a relevant label).
 
 * **deploy / canary**: when a retriever version first appears in a segment that already
   had traffic, the version that served most of the segment's labelled queries in the
