@@ -106,7 +106,9 @@ def main() -> int:
         body = json.loads(service.get("/api/v1/tests?retriever=hybrid-v8")[1])
     finally:
         service.stop()
-        admin.delete_topics([topics.queries, topics.feedback, topics.windows, topics.deadletter])
+        admin.delete_topics(
+            [topics.queries, topics.feedback, topics.windows, topics.deadletter, topics.regressions]
+        )
         admin.close()
     print(
         f"{len(events)} events ({args.hours:g} h at {args.queries_per_hour:.0f} queries/h, "
