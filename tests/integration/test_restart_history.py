@@ -37,6 +37,12 @@ def _opened(service: ServiceProcess) -> set[tuple[str, str, str, str, str]]:
     }
 
 
+def _evaluated_through(service: ServiceProcess, through_at_least: str) -> bool:
+    """The detector has evaluated the boundaries up to ``through_at_least`` (RFC 3339)."""
+    through = _regressions(service)["evaluated_through"]
+    return through is not None and through >= through_at_least
+
+
 def _rolling(service: ServiceProcess) -> dict[tuple[str, str], tuple[int, int]]:
     body = json.loads(service.get("/api/v1/rolling?window=24h")[1])
     return {(s["retriever"], s["segment"]): (s["queries"], s["labelled"]) for s in body["slices"]}
@@ -49,8 +55,7 @@ def test_a_restart_keeps_rolling_views_and_open_regressions(topics: Topics, tmp_
     tested_from = rfc3339((sim.switch_at_ms or 0) + 90 * 60_000)
 
     def caught_up(service: ServiceProcess) -> bool:
-        through = _regressions(service)["evaluated_through"]
-        return through is not None and through >= tested_from
+        return _evaluated_through(service, tested_from)
 
     first = ServiceProcess(topics, tmp_path / "first.log")
     first.wait_ready()
@@ -85,8 +90,7 @@ def test_open_regressions_survive_a_restart_whose_windows_miss_the_opening(
     tested_from = rfc3339((sim.switch_at_ms or 0) + 90 * 60_000)
 
     def caught_up(service: ServiceProcess) -> bool:
-        through = _regressions(service)["evaluated_through"]
-        return through is not None and through >= tested_from
+        return _evaluated_through(service, tested_from)
 
     first = ServiceProcess(topics, tmp_path / "first.log")
     first.wait_ready()
