@@ -10,6 +10,7 @@ standard JSON.
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any
 
 from service.detect.model import BoundaryTest, CloseReason, ComparisonKind, Regression
@@ -25,26 +26,16 @@ def _float(v: float | str) -> float:
     return float(v)
 
 
+_RESULT_FLOATS = tuple(f.name for f in fields(SequentialResult))
+"""Every field of a look's test: all floats."""
+
+
 def encode_result(r: SequentialResult) -> dict[str, Any]:
-    return {
-        "delta": _num(r.delta),
-        "variance": _num(r.variance),
-        "log_e": _num(r.log_e),
-        "log_e_drop": _num(r.log_e_drop),
-        "tau": _num(r.tau),
-        "alpha": _num(r.alpha),
-    }
+    return {name: _num(getattr(r, name)) for name in _RESULT_FLOATS}
 
 
 def decode_result(d: dict[str, Any]) -> SequentialResult:
-    return SequentialResult(
-        delta=_float(d["delta"]),
-        variance=_float(d["variance"]),
-        log_e=_float(d["log_e"]),
-        log_e_drop=_float(d["log_e_drop"]),
-        tau=_float(d["tau"]),
-        alpha=_float(d["alpha"]),
-    )
+    return SequentialResult(**{name: _float(d[name]) for name in _RESULT_FLOATS})
 
 
 _TEST_FLOATS = (

@@ -246,14 +246,12 @@ class Detector:
                 book.stopped(key, book.kind_of(key), deploy.previous, WhyNot.WATCH_ENDED)
             else:
                 comparison = self._plan_deploy(key, series, deploy, boundary)
-                if comparison is not None:
+                if isinstance(comparison, WhyNot):
+                    book.stopped(key, book.kind_of(key), deploy.previous, comparison)
+                else:
                     book.compared(key, *comparison)
                     planned += slice_plans(key, comparison, self._watched, cfg.min_labelled)
                     pooled.setdefault((key[0], deploy.previous), []).append(comparison)
-                else:
-                    serving = any(series.total(boundary - cfg.candidate_ms, boundary)[0::3])
-                    why = WhyNot.WATCH_ENDED if serving else WhyNot.NOT_SERVING
-                    book.stopped(key, book.kind_of(key), deploy.previous, why)
             if key in drift_family:
                 base = series.total(period - DAY_MS, boundary - DAY_MS)
                 candidate = series.total(period, boundary)
@@ -273,14 +271,14 @@ class Detector:
 
     def _plan_deploy(
         self, key: SliceKey, series: SliceHistory, deploy: Deploy, boundary: int
-    ) -> Comparison | None:
+    ) -> Comparison | WhyNot:
         """The canary comparison while the previous version serves beside the new one, the
-        deploy comparison once it does not; nothing once the new version itself stopped
-        serving (a rollback: :mod:`service.detect.lifecycle` closes its regression)."""
+        deploy comparison once it does not; why not once the new version itself stopped
+        serving (a rollback: :mod:`service.detect.lifecycle` closes its regression) or a
+        deploy without a day of history is past its watch."""
         cfg = self.config
-        recent_from = boundary - cfg.candidate_ms
-        if not any(series.total(recent_from, boundary)[0::3]):
-            return None
+        if not series.served(boundary - cfg.candidate_ms, boundary):
+            return WhyNot.NOT_SERVING
         # both sides end where the new version's evidence ends: its last closed window (not
         # a later one already known, so that catching up equals stepping through)
         end = series.starts[bisect.bisect_left(series.starts, boundary) - 1] + cfg.window_ms
@@ -290,7 +288,7 @@ class Detector:
         # beside the new one: in its last hour of evidence, after the switch's own window
         # (which holds both versions' queries of a full rollout)
         recent = max(deploy.at_ms + cfg.window_ms, end - cfg.candidate_ms)
-        serving = previous is not None and any(previous.total(recent, end)[0::3])
+        serving = previous is not None and previous.served(recent, end)
         canaried = key in self._canaried
         if serving:
             self._canaried.add(key)
@@ -302,13 +300,13 @@ class Detector:
             base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
         else:  # less than a day of its history: a trend across the switch
             if end - deploy.at_ms > cfg.no_history_watch_ms:
-                return None  # (past its watch the cycle's curvature would bias it: see config)
+                return WhyNot.WATCH_ENDED  # (past it the cycle's curvature would bias it)
             # at least no_history_span_ms, then mirrored about the switch (where a quadratic
             # part of a daily cycle cancels too)
             span = min(cfg.baseline_ms, max(cfg.no_history_span_ms, end - deploy.at_ms))
             # (none when the previous version's windows are forgotten: too few values)
-            before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms, cfg.window_ms)
-            after = window_rows(series, deploy.at_ms, end, deploy.at_ms, cfg.window_ms)
+            before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms)
+            after = window_rows(series, deploy.at_ms, end, deploy.at_ms)
             base = trend_baseline(before, after, len(self._watched), cfg.window_ms)
         family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, canaried), 1, deploy.at_ms)
         return family, base, candidate

@@ -36,7 +36,8 @@ def window_row(window: ClosedWindow, metrics: Iterable[MetricKey], labelled_shar
     return row
 
 
-def _plus(a: Row, b: Row) -> Row:
+def plus(a: Row, b: Row) -> Row:
+    """Two rows summed, column by column."""
     return [x + y for x, y in zip(a, b, strict=True)]
 
 
@@ -74,7 +75,7 @@ class SliceHistory:
             self._prefix.append([])
             self._values[start_ms] = list(row)
         elif old is None:
-            self._values[start_ms] = _plus(current, row)
+            self._values[start_ms] = plus(current, row)
         elif old != row:
             self._values[start_ms] = [c - o + r for c, o, r in zip(current, old, row, strict=True)]
         else:
@@ -100,6 +101,11 @@ class SliceHistory:
         j = bisect.bisect_left(self._starts, hi_ms)
         return [b - a for a, b in zip(self._prefix[i], self._prefix[j], strict=True)]
 
+    def served(self, lo_ms: int, hi_ms: int) -> bool:
+        """Whether any window starting in ``[lo_ms, hi_ms)`` holds a value (of any metric):
+        the version served in that span."""
+        return any(self.total(lo_ms, hi_ms)[0::3])
+
     def rows(self, lo_ms: int, hi_ms: int) -> list[tuple[int, Row]]:
         """Each window starting in ``[lo_ms, hi_ms)`` as (start, row), oldest first (merged
         over partitions; the rows are the history's own: do not change them)."""
@@ -112,5 +118,5 @@ class SliceHistory:
             return
         prefix, values, starts = self._prefix, self._values, self._starts
         for i in range(self._dirty, len(starts)):
-            prefix[i + 1] = _plus(prefix[i], values[starts[i]])
+            prefix[i + 1] = plus(prefix[i], values[starts[i]])
         self._dirty = None

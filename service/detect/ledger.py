@@ -134,12 +134,14 @@ class Recorder:
         if self.pending is not None:
             return
         out = self.outbox
-        for order, r in enumerate(opened):
-            value = {"boundary_ms": boundary, "order": order, "regression": encode_regression(r)}
-            out.append((f"{regression_id(r)}|{Part.OPEN}", _dumps(value)))
-        for order, r in enumerate(closing):
-            value = {"boundary_ms": boundary, "order": order, "regression": encode_regression(r)}
-            out.append((f"{regression_id(r)}|{Part.CLOSED}", _dumps(value)))
+        for part, group in ((Part.OPEN, opened), (Part.CLOSED, closing)):
+            for order, r in enumerate(group):
+                value = {
+                    "boundary_ms": boundary,
+                    "order": order,
+                    "regression": encode_regression(r),
+                }
+                out.append((f"{regression_id(r)}|{part}", _dumps(value)))
         for r in left:
             value = {"boundary_ms": boundary, "look": encode_test(r.latest)}
             out.append((f"{regression_id(r)}|{Part.LOOK}", _dumps(value)))

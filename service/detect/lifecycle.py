@@ -15,7 +15,9 @@ Traffic that stops altogether is no evidence: the regression stays open.
 
 from __future__ import annotations
 
-from service.detect.history import SliceHistory
+import bisect
+
+from service.detect.history import SliceHistory, plus
 from service.detect.model import (
     POOLED_SEGMENT,
     BoundaryTest,
@@ -100,11 +102,10 @@ class Lifecycle:
             baseline = []
             for s in segments:
                 previous = self.series.get((family.baseline, s))
-                if previous is not None:
-                    served = [start for start in previous.starts if start < boundary]
-                    if served:
-                        end = served[-1] + self.config.window_ms
-                        baseline += previous.rows(end - DAY_MS, end)
+                last = bisect.bisect_left(previous.starts, boundary) if previous else 0
+                if previous is not None and last:  # (its last window before the boundary)
+                    end = previous.starts[last - 1] + self.config.window_ms
+                    baseline += previous.rows(end - DAY_MS, end)
         recovery = profile(
             baseline,
             self.watched.index(plan.metric),
@@ -186,13 +187,9 @@ class Lifecycle:
             series = self.series.get(key)
             for window_start, row in series.rows(start, boundary) if series else ():
                 current = merged.get(window_start)
-                merged[window_start] = row if current is None else _plus(current, row)
+                merged[window_start] = row if current is None else plus(current, row)
         return recovery.statistic(sorted(merged.items()))
 
     def _serves(self, key: SliceKey, lo: int, hi: int) -> bool:
         series = self.series.get(key)
-        return series is not None and any(series.total(lo, hi)[0::3])
-
-
-def _plus(a: Row, b: Row) -> Row:
-    return [x + y for x, y in zip(a, b, strict=True)]
+        return series is not None and series.served(lo, hi)

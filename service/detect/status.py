@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from service.detect.model import BoundaryTest, ComparisonKind, Family, Sums
+from service.detect.model import POOLED_SEGMENT, BoundaryTest, ComparisonKind, Family, Sums
 from service.detect.plans import moments
 from service.metrics.ir import MetricKey
 from service.stream.windows import SliceKey
@@ -90,7 +90,6 @@ class ComparisonBook:
     def __init__(self, watched: tuple[MetricKey, ...]) -> None:
         self.watched = watched
         self.rows: dict[ComparisonKey, ComparisonStatus] = {}
-        self.boundary_ms: int | None = None
 
     def compared(self, key: SliceKey, family: Family, base: Sums, candidate: Sums) -> None:
         """A comparison planned at this boundary: a metric with too few values stays so,
@@ -112,7 +111,6 @@ class ComparisonBook:
 
     def looked(self, tests: list[BoundaryTest], boundary_ms: int) -> None:
         """The looks made at this boundary."""
-        self.boundary_ms = boundary_ms
         for test in tests:
             row = self._row((test.retriever, test.segment), test.metric, test.kind, test.baseline)
             row.look, row.looked_ms, row.why_not = test, boundary_ms, None
@@ -130,7 +128,7 @@ class ComparisonBook:
         self.rows = {
             k: row
             for k, row in self.rows.items()
-            if (k[0], k[1]) in keep or (k[1] == "*" and k[0] in retrievers)
+            if (k[0], k[1]) in keep or (k[1] == POOLED_SEGMENT and k[0] in retrievers)
         }
 
     def select(

@@ -46,7 +46,6 @@ the mixture's guarantee rests on.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -135,13 +134,9 @@ def trend_baseline(
     return row
 
 
-def window_rows(
-    series: SliceHistory | None, lo_ms: int, hi_ms: int, at_ms: int, window_ms: int
-) -> list[WindowRow]:
+def window_rows(series: SliceHistory | None, lo_ms: int, hi_ms: int, at_ms: int) -> list[WindowRow]:
     """The windows of ``series`` starting in ``[lo_ms, hi_ms)``, timed from ``at_ms``
     (none without a series: its windows were forgotten)."""
     if series is None:
         return []
-    i = bisect.bisect_left(series.starts, lo_ms)
-    j = bisect.bisect_left(series.starts, hi_ms)
-    return [(t - at_ms, series.total(t, t + window_ms)) for t in series.starts[i:j]]
+    return [(t - at_ms, row) for t, row in series.rows(lo_ms, hi_ms)]

@@ -5,12 +5,13 @@ from __future__ import annotations
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from service.core.state import ServiceState
-from service.times import DAY_MS
+from service.detect.ledger import CLOSED_KEPT_MS
 
 GLOBAL = "Global: every replica exports the same values, for all partitions."  # (HELP)
-CLOSED_SHOWN_MS = 7 * DAY_MS
+CLOSED_SHOWN_MS = CLOSED_KEPT_MS
 """How long a closed regression keeps its ``retrieval_regression_closed_timestamp_seconds``
-series: closed within this much event time of the detector's last boundary."""
+series: closed within this much event time of the detector's last boundary (as long as
+``run``'s detector and ledger keep it; ``replay`` and ``demo`` keep more)."""
 
 
 def regression_series(state: ServiceState) -> list[Metric]:
