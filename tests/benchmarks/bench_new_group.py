@@ -33,16 +33,16 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script: make the tests package importable
     sys.path.insert(0, str(ROOT))
 
-from kafka.admin import KafkaAdminClient, NewTopic  # noqa: E402
+from kafka.admin import KafkaAdminClient  # noqa: E402
 
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate  # noqa: E402
 from service.stream.windows import ClosedWindow  # noqa: E402
 from service.times import DAY_MS, HOUR_MS, parse_aware_ms  # noqa: E402
+from tests.integration.conftest import create_topics  # noqa: E402
 from tests.integration.kafka_helpers import (  # noqa: E402
     BOOTSTRAP,
     FAST,
     ServiceProcess,
-    Topics,
     expected_windows,
     produce,
 )
@@ -68,24 +68,8 @@ def main() -> int:
         switch_at_ms=switch,
         id_prefix=f"ng{uuid.uuid4().hex[:6]}-",
     )
-    suffix = uuid.uuid4().hex[:8]
-    topics = Topics(
-        queries=f"ng-{suffix}.queries",
-        feedback=f"ng-{suffix}.feedback",
-        windows=f"ng-{suffix}.windows",
-        deadletter=f"ng-{suffix}.deadletter",
-        group=f"ng-{suffix}",
-    )
     admin = KafkaAdminClient(bootstrap_servers=BOOTSTRAP, request_timeout_ms=10_000)
-    admin.create_topics(
-        [
-            NewTopic(topics.queries, num_partitions=4, replication_factor=1),
-            NewTopic(topics.feedback, num_partitions=4, replication_factor=1),
-            NewTopic(topics.windows, num_partitions=1, replication_factor=1),
-            NewTopic(topics.deadletter, num_partitions=1, replication_factor=1),
-            NewTopic(topics.regressions, 1, 1, topic_configs={"cleanup.policy": "compact"}),
-        ]
-    )
+    topics = create_topics(admin)  # (the regressions topic compacted, as in the tests)
     events = list(generate(sim))
     started = time.perf_counter()
     produce(topics, events)
