@@ -15,6 +15,7 @@ from service.sim.simulator import generate
 from service.stream.windows import ClosedWindow
 from service.times import rfc3339
 from tests.integration.kafka_helpers import (
+    STALL_S,
     ServiceProcess,
     Topics,
     deploy_traffic,
@@ -105,7 +106,8 @@ def test_open_regressions_survive_a_restart_whose_windows_miss_the_opening(
         keys = {r.key.decode() for r in read_all(topics.regressions, timeout_s=5)}
         return all(f"{'|'.join(key)}|open" in keys for key in opened)
 
-    first.wait_until(written, 60, "the open regressions to reach the regressions topic")
+    # (nothing counts up meanwhile, so no progress to wait on: the stall bound instead)
+    first.wait_until(written, STALL_S, "the open regressions to reach the regressions topic")
     assert first.stop() == 0
 
     # a windows topic of its own: only the ledger can bring the regression back
@@ -129,7 +131,7 @@ def _restarted(
     switch_at_ms: int,
 ) -> None:
     second.wait_ready()
-    second.wait_until(lambda: _opened(second) == opened, 120, "the ledger to be installed")
+    second.wait_until(lambda: _opened(second) == opened, STALL_S, "the ledger to be installed")
     after = _regressions(second)
     # as it opened (its latest look and recovery statistic need windows to be brought up
     # to date: a restart that reads some back recomputes them, see tests/unit/detect)
