@@ -238,10 +238,22 @@ class ServiceProcess:
         ``others``: replicas whose work counts too (the condition needs theirs)."""
         self._wait(condition, what, others, stall_s, bound_s, exits=False)
 
-    def wait_exit(self, what: str, stall_s: float = STALL_S, bound_s: float = BOUND_S) -> int:
+    def wait_exit(
+        self,
+        what: str,
+        stall_s: float = STALL_S,
+        bound_s: float = BOUND_S,
+        meanwhile: Callable[[], None] = lambda: None,
+    ) -> int:
         """Wait, as :meth:`wait_progressing`, for the service to exit on its own (a
-        failpoint's SIGKILL, an error); return its exit code."""
-        self._wait(lambda: self.process.poll() is not None, what, (), stall_s, bound_s, True)
+        failpoint's SIGKILL, an error); return its exit code. ``meanwhile`` is called on
+        every look (to feed it input, say)."""
+
+        def exited() -> bool:
+            meanwhile()
+            return self.process.poll() is not None
+
+        self._wait(exited, what, (), stall_s, bound_s, True)
         return self.process.returncode
 
     def _wait(

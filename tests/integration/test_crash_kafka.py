@@ -7,16 +7,22 @@ transaction). A sixth runs to the end. The oracle: the windows on the topic equa
 offline evaluation of the events, each key exactly once: nothing lost, nothing counted
 twice.
 
-All input is produced first. (Producing more between the kills would test something
-else: while a process waits, idleness moves its watermark to the wall clock, and input
-that arrives after that is late by design.)
+The kill -9 test produces all its input first. (Producing more between the kills would
+test something else: while a process waits, idleness moves its watermark to the wall
+clock, and input that arrives after that is late by design.) The failpoint test kills at
+the n-th commit that carries windows, and how much input a commit covers depends on the
+machine's speed (a fast one reads more in a commit interval): it feeds its input in
+slices whenever the service has read all there is, with idleness off until the last
+process, so that every round finds the commits it waits for.
 """
 
 from __future__ import annotations
 
 import random
 import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +53,29 @@ def _replica(topics: Topics) -> dict[str, str]:
         "max_poll_records": "100",
         "transactional_id": f"{topics.group}-r0",
     }
+
+
+class _Feeder:
+    """While the failpoint test waits: whenever the service has read every record produced
+    (no lag on two looks a second apart), the next slice of the input is produced."""
+
+    def __init__(self, service: ServiceProcess, topics: Topics, slices: list[list[Any]]) -> None:
+        self.service, self.topics, self.slices = service, topics, slices
+        self.caught_up = 0
+        self.looked = 0.0
+
+    def look(self) -> None:
+        now = time.monotonic()
+        if not self.slices or now - self.looked < 1 or self.service.process.poll() is not None:
+            return
+        self.looked = now
+        samples = self.service.samples()
+        assigned = any(name == "retrieval_consumer_lag" for name, _ in samples)
+        lagging = total(samples, "retrieval_consumer_lag") > 0
+        self.caught_up = self.caught_up + 1 if assigned and not lagging else 0
+        if self.caught_up >= 2:
+            produce(self.topics, self.slices.pop(0))
+            self.caught_up = 0
 
 
 def test_five_kill_9s_lose_nothing_and_count_nothing_twice(topics: Topics, tmp_path: Path) -> None:
@@ -94,13 +123,18 @@ def test_crashes_between_publishing_and_committing_repeat_nothing(
 ) -> None:
     """Failpoints: SIGKILL exactly before a commit (windows sent, offsets not committed)
     and exactly after one (committed, not yet counted), three times each."""
-    # six rounds each keep up to 3 commits with windows: 10 h leave work for all of them
-    # (4 h ran out before the fifth round's failpoint on a fast machine)
+    # six rounds each wait for up to 3 commits with windows; how much input a commit covers
+    # depends on the machine (on a fast one the fifth round once found none left of 10 h
+    # produced up front): the input is fed in half-hour slices whenever the service has
+    # read all there is, with idleness off (it would close every window at once)
     events = traffic(seed=42, hours=10.0)
     expected = expected_windows(events)
     rng = random.Random(42)
-    produce(topics, events)
-    replica = _replica(topics)
+    step = len(events) // 20 + 1
+    slices = [events[i : i + step] for i in range(0, len(events), step)]
+    produce(topics, [e for s in slices[:2] for e in s])
+    del slices[:2]
+    replica = {**_replica(topics), "idle_timeout": "1h"}
     in_flight = []
     for round_, point in enumerate(["before-commit", "after-commit"] * 3):
         nth = rng.randint(1, 3)  # the n-th commit with windows: work must remain for it
@@ -109,13 +143,15 @@ def test_crashes_between_publishing_and_committing_repeat_nothing(
         )
         # it dies once it reaches the failpoint: as long as it reads records and commits
         # windows (a busy machine only makes that slower), not for a fixed time
-        code = service.wait_exit(f"the failpoint {point}:{nth} to fire")
+        feed = _Feeder(service, topics, slices)
+        code = service.wait_exit(f"the failpoint {point}:{nth} to fire", meanwhile=feed.look)
         assert code == -signal.SIGKILL, service.tail()
         line = [x for x in service.tail(5).splitlines() if "failpoint" in x]
         assert line, service.tail()
         assert point in line[-1]
         in_flight.append(int(line[-1].split("(")[1].split()[0]))
-    last = ServiceProcess(topics, tmp_path / "last.log", **replica)
+    produce(topics, [e for s in slices for e in s])
+    last = ServiceProcess(topics, tmp_path / "last.log", **_replica(topics))
     run_to_the_end(last, topics, len(expected))
 
     assert sum(in_flight[0::2]) > 0, "no crash had windows in the open transaction"
