@@ -41,6 +41,7 @@ from service.setting_values import (
     ms_setting,
     parse_ks,
 )
+from service.stream.audit_join import AuditConfig
 from service.stream.join_state import JoinConfig
 from service.stream.pipeline import PipelineConfig
 from service.times import parse_duration_ms
@@ -98,6 +99,13 @@ class Settings(BaseSettings):
     max_pending_queries: int = Field(default_of(PipelineConfig, "max_pending_queries"), ge=1)
     max_pending_feedback: int = Field(default_of(PipelineConfig, "max_pending_feedback"), ge=1)
     max_label_values: int = Field(default_of(PipelineConfig, "max_label_values"), ge=1)
+    audit_rate: float = Field(default_of(AuditConfig, "rate"), ge=0.0, le=1.0)
+    """The audit sample's share of queries (0 turns auditing off)."""
+    audit_window_ms: PositiveDuration = ms_setting("audit_window", AuditConfig, "window_ms")
+    audit_judge: str | None = None
+    """The judge whose audits the estimates use; unset: the first to audit a query."""
+    audit_topic: str | None = None
+    """Where audit requests are published (unset: nowhere)."""
     context_size: int = Field(5, ge=1)
     """How many results reach the model; the detector watches recall and hit rate at it."""
     regression_metrics: MetricNames = ()
@@ -292,6 +300,7 @@ def monitor_config(settings: Settings) -> MonitorConfig:
         max_pending_feedback=settings.max_pending_feedback,
         max_label_values=settings.max_label_values,
         rolling_ms=settings.rolling_windows_ms,
+        audit=AuditConfig(settings.audit_rate, settings.audit_window_ms, settings.audit_judge),
     )
     detector = DetectorConfig(
         metrics=settings.watched_metrics,

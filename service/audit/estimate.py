@@ -168,7 +168,7 @@ def estimate(live: LiveSums, audit: AuditSums, tuned: bool = True) -> Estimate:
     ew = sum(c * m[t] for t, c in coef.items())
     eww = sum(coef[p] * coef[q] * m[p + q] * (1.0 if p == q else 2.0) for p, q in _PAIRS)
     var_w = max(eww - ew * ew, 0.0) * n / max(n - 1, 1)
-    sd = math.sqrt((var_z / big_n + var_w / n)) / m_a
+    sd = math.sqrt(var_z / big_n + var_w / n) / m_a
     low, high = theta - Z95 * sd, theta + Z95 * sd
     return Estimate(
         observed,

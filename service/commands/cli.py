@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from service import __version__
+from service.audit.book import estimate_rows
 from service.commands.offline import (
     OFFLINE_HANDLERS,
     add_offline_commands,
@@ -38,6 +39,7 @@ from service.sim.simulator import (
     generate,
     write_jsonl,
 )
+from service.stream.audit_join import AuditRequest
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS, parse_aware_ms, parse_duration_ms, wall_ms
@@ -143,6 +145,16 @@ def _add_streaming_commands(commands: Any) -> None:
         "not and why not, as JSON lines ('-': stdout)",
     )
     replay.add_argument(
+        "--estimates-out",
+        help="write the audited estimates over the whole input, one JSON line per "
+        "(retriever, segment, metric) ('-': stdout)",
+    )
+    replay.add_argument(
+        "--audit-requests-out",
+        help="write the audit sample's requests (one JSON line per finalised sampled "
+        "query) ('-': stdout)",
+    )
+    replay.add_argument(
         "--labels-out", help="write the labels output (one line per labelled query) here"
     )
     replay.add_argument(
@@ -228,6 +240,8 @@ def _replay(args: argparse.Namespace) -> int:
             ("--windows-out", args.windows_out),
             ("--regressions-out", args.regressions_out),
             ("--tests-out", args.tests_out),
+            ("--estimates-out", args.estimates_out),
+            ("--audit-requests-out", args.audit_requests_out),
         )
         if value == "-"
     ]
@@ -244,7 +258,12 @@ def _replay(args: argparse.Namespace) -> int:
 
     labels_out = Path(args.labels_out).open("wb") if args.labels_out else None  # noqa: SIM115
 
+    kept: list[ClosedWindow] = []  # (for the estimates: their sums, never their labels)
+    requests: list[AuditRequest] | None = [] if args.audit_requests_out else None
+
     def write(windows: list[ClosedWindow]) -> None:
+        if args.estimates_out:
+            kept.extend(w.without_labels() for w in windows)
         for window in windows:
             if out is not None:
                 out.write(orjson.dumps(window.to_record(keys)) + b"\n")
@@ -265,6 +284,7 @@ def _replay(args: argparse.Namespace) -> int:
             mapper=mapper,
             labels=recorder,
             reader=False if args.one_process else None,
+            audit_requests=requests,
         )
     finally:
         if out is not None and out is not sys.stdout.buffer:
@@ -274,6 +294,8 @@ def _replay(args: argparse.Namespace) -> int:
     detector = monitor.detector
     _write_lines(args.regressions_out, [r.to_record() for r in detector.opened])
     _write_lines(args.tests_out, [row.to_record() for row in detector.comparisons.select()])
+    _write_lines(args.estimates_out, estimate_rows(kept, keys))
+    _write_lines(args.audit_requests_out, [r.to_record() for r in requests or ()])
     c = monitor.pipeline.counts
     print(
         f"replayed {report.lines} lines: {report.invalid} invalid, "

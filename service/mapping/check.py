@@ -16,7 +16,7 @@ from service.errors import EventError
 from service.mapping.json_records import loads
 from service.mapping.mapper import Mapper
 from service.mapping.spec import InputMapping
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
 from service.stream.topics import FEEDBACK, QUERIES, Topic
 
 ROLE = {QUERIES: "queries", FEEDBACK: "feedback"}
@@ -144,7 +144,7 @@ def check_records(
             _note(t, failed, "", where)
             continue
         try:
-            event: QueryEvent | FeedbackEvent | None
+            event: QueryEvent | FeedbackEvent | AuditEvent | None
             event = mapper.query(decoded) if topic == QUERIES else mapper.feedback(decoded)
         except EventError as error:
             _note(t, error, _path_of(mapper, topic, error.reason), where)

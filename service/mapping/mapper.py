@@ -22,6 +22,7 @@ from service.mapping.json_records import loads
 from service.mapping.paths import AbsentError, Path, WrongTypeError, kind_of
 from service.mapping.spec import REQUIRED, FieldSpec, InputMapping, load_mapping
 from service.stream.events import (
+    AuditEvent,
     FeedbackEvent,
     QueryEvent,
     check_size,
@@ -223,7 +224,7 @@ class Mapper:
         except EventError as error:
             raise self.queries.explain(error) from None
 
-    def feedback(self, record: Any) -> FeedbackEvent | None:
+    def feedback(self, record: Any) -> FeedbackEvent | AuditEvent | None:
         """A decoded record of the feedback topic as a feedback event (None: skipped)."""
         obj = self.feedback_role.apply(record)
         if obj is None:
@@ -248,7 +249,7 @@ class Mapper:
         check_size(raw)
         return self.query(loads(raw))
 
-    def decode_feedback(self, raw: bytes | str) -> FeedbackEvent | None:
+    def decode_feedback(self, raw: bytes | str) -> FeedbackEvent | AuditEvent | None:
         check_size(raw)
         return self.feedback(loads(raw))
 

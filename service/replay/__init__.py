@@ -22,11 +22,13 @@ from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, TextIO
 
+from service.audit.sample import sample_threshold
 from service.core.monitor import Monitor, MonitorConfig
 from service.replay.batch import Batch, ReplayReport
 from service.replay.feed import Feed
 from service.replay.lines import FeedbackLine, QueryLine, decode_line, decode_mapped_line
 from service.replay.reader import reader_allowed
+from service.stream.audit_join import AuditRequest
 from service.stream.mined import LabelRecorder
 from service.stream.topics import Topic
 from service.stream.windows import ClosedWindow
@@ -49,6 +51,7 @@ def replay(
     mapper: Mapper | None = None,
     labels: LabelRecorder | None = None,
     reader: bool | None = None,
+    audit_requests: list[AuditRequest] | None = None,
 ) -> tuple[Monitor, ReplayReport]:
     """Run the pipeline over the files; ``on_windows`` receives each batch of closed windows.
 
@@ -58,6 +61,7 @@ def replay(
     and decode the files in a second process (``replay.reader``); by default when the
     machine lets this process use two cores, and without ``mapper`` and ``labels``
     (which read the whole events). The results are the same either way.
+    ``audit_requests``: the audit sample's requests are appended to it as they are made.
     """
     errors_to = errors_to if errors_to is not None else sys.stderr
     clock = now_ms or wall_ms
@@ -67,6 +71,8 @@ def replay(
     pipeline = monitor.pipeline
     pipeline.recorder = labels
     pipeline.assign(0)
+    if audit_requests is not None:
+        pipeline.keep_audit_requests(audit_requests)
     report = ReplayReport()
 
     def emit(windows: list[ClosedWindow]) -> None:
@@ -82,7 +88,9 @@ def replay(
         reader = reader_allowed()
     reader = reader and mapper is None and labels is None
     pending = Batch(pipeline, report, errors_to, max_errors_shown)
-    feed = Feed(pending, decode, emit, pipeline.config.labels.grade)
+    audit = pipeline.config.audit
+    threshold = sample_threshold(audit.rate) if audit.rate > 0 else 0
+    feed = Feed(pending, decode, emit, pipeline.config.labels.grade, threshold)
     paths = list(paths)
     try:
         if reader:

@@ -50,6 +50,8 @@ class Feed:
     emit: Callable[[list[ClosedWindow]], None]
     grade: Callable[[FeedbackEvent], int]
     """The label policy's grade of a feedback event."""
+    audit_threshold: int = 0
+    """The audit sample's 64-bit threshold (0: off): the reader keeps its queries' ids."""
     offsets: list[int] = field(default_factory=lambda: [0, 0])
     """The next offset of each topic (a line's position among the lines of its topic)."""
     size: int = 0
@@ -69,7 +71,7 @@ class Feed:
 
     def from_reader(self, paths: list[str]) -> None:
         """Read the files through a reader process (:mod:`service.replay.reader`)."""
-        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY, self.grade)
+        reader = Reader(paths, READ_BYTES, ADVANCE_EVERY, self.grade, self.audit_threshold)
         try:
             for path, item in reader:
                 if isinstance(item, Raw):

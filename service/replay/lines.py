@@ -35,6 +35,8 @@ class QueryLine(Struct, tag_field="topic", tag="queries", gc=False):
 
 class FeedbackLine(Struct, tag_field="topic", tag="feedback", gc=False):
     event: FeedbackEvent
+    """(Or an :class:`AuditEvent`, made by the slow path: the fast decoder reads feedback
+    events only, and an audit line, which has no ``chunk_id``, takes the slow path.)"""
 
 
 LINE = msgspec.json.Decoder(QueryLine | FeedbackLine)
@@ -73,7 +75,7 @@ def decode_line(raw: bytes) -> QueryLine | FeedbackLine:
     try:
         if topic == QUERIES:
             return QueryLine(query_from(event))
-        return FeedbackLine(feedback_from(event))
+        return FeedbackLine(feedback_from(event))  # type: ignore[arg-type] # (see FeedbackLine)
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
 
@@ -105,7 +107,7 @@ def decode_mapped_line(raw: bytes, mapper: Mapper) -> QueryLine | FeedbackLine |
             query = mapper.query(event)
             return topic if query is None else QueryLine(query)
         feedback = mapper.feedback(event)
-        return topic if feedback is None else FeedbackLine(feedback)
+        return topic if feedback is None else FeedbackLine(feedback)  # type: ignore[arg-type]
     except EventError as error:
         raise LineError(error.reason, str(error), topic) from None
 

@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from hashlib import sha256
 from multiprocessing.connection import Connection
 
 import msgspec
@@ -44,6 +45,12 @@ class LeanQuery(Struct, array_like=True, tag=0, gc=False):
     retriever: str
     segment: str
     context_k: int | None
+    results: list[str] | None = None
+    """The chunk ids of a query in the audit sample (the audit join keeps them)."""
+
+    def chunk_ids(self) -> list[str]:
+        """The chunk ids, of a query in the audit sample."""
+        return self.results or []
 
 
 class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
@@ -51,6 +58,8 @@ class LeanFeedback(Struct, array_like=True, tag=1, gc=False):
     grade are in the chunk's columns)."""
 
     timestamp_ms: int
+    chunk_id: str | None = None
+    """The chunk id, of feedback for a query in the audit sample."""
 
 
 class Decoded(Struct, array_like=True, tag="decoded"):
@@ -104,20 +113,26 @@ def reader_allowed() -> bool:
     return cores > 1
 
 
-def _decoded(
+def _decoded(  # noqa: PLR0917 - one call, in the reader
     file: int,
     first: int,
     chunk: list[bytes],
     events: list[QueryEvent | FeedbackEvent],
     grade: Callable[[FeedbackEvent], int],
+    audit_threshold: int,
 ) -> Decoded:
-    """The item of a chunk whose lines all decoded."""
+    """The item of a chunk whose lines all decoded (with the chunk ids of the events of
+    the audit sample's queries: ``audit_threshold`` as ``sample_threshold`` gives it)."""
     prepared = prepare(events, grade)
+    sampled = [
+        audit_threshold > 0 and int.from_bytes(sha256(key).digest()[:8], "big") < audit_threshold
+        for key in prepared.keys
+    ]
     lean: list[LeanQuery | LeanFeedback] = [
-        LeanQuery(e.timestamp_ms, e.retriever, e.segment, e.context_k)
+        LeanQuery(e.timestamp_ms, e.retriever, e.segment, e.context_k, e.chunk_ids() if s else None)
         if type(e) is QueryEvent
-        else LeanFeedback(e.timestamp_ms)
-        for e in events
+        else LeanFeedback(e.timestamp_ms, e.chunk_id if s else None)  # type: ignore[union-attr]
+        for e, s in zip(events, sampled, strict=True)
     ]
     size = sum(map(len, chunk))
     return Decoded(file, first, size, lean, prepared)
@@ -139,6 +154,7 @@ def _read(
     advance_every: int,
     *,
     grade: Callable[[FeedbackEvent], int],
+    audit_threshold: int = 0,
 ) -> None:
     """The reader process: every file's chunks, as items, into ``out``. (``unused``, this
     process's copy of the pipe's other end, is closed first: once the replay's own copy
@@ -163,7 +179,7 @@ def _read(
                         item = _raw(file, first, chunk)
                         lines_read[0] += sum(not raw.isspace() for raw in chunk)
                     else:
-                        item = _decoded(file, first, chunk, events, grade)
+                        item = _decoded(file, first, chunk, events, grade, audit_threshold)
                         lines_read[0] += len(chunk)
                     out.send_bytes(encode(item))
         out.send_bytes(encode(Done()))
@@ -197,6 +213,7 @@ class Reader:
         read_bytes: int,
         advance_every: int,
         grade: Callable[[FeedbackEvent], int],
+        audit_threshold: int = 0,
     ) -> None:
         context = multiprocessing.get_context("fork")
         self.paths = paths
@@ -205,7 +222,7 @@ class Reader:
         self._process = context.Process(
             target=_read,
             args=(paths, out, self._in, read_bytes, advance_every),
-            kwargs={"grade": grade},
+            kwargs={"grade": grade, "audit_threshold": audit_threshold},
             daemon=True,
         )
         self._process.start()

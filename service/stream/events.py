@@ -131,12 +131,35 @@ class FeedbackEvent(Struct, gc=False):
             )
 
 
-_E = TypeVar("_E", QueryEvent, MappedQueryEvent, FeedbackEvent)
+class AuditEvent(Struct, gc=False):
+    """A thorough judgment of one query's chunks by a judge (``signal`` ``audit``): grades
+    of every chunk it assessed, relevant chunks that were never retrieved included (the
+    contract's "Audit sample and audited estimates"). Never a live label."""
+
+    query_id: QueryId
+    timestamp: Timestamp
+    signal: Literal["audit"]
+    judge: Label
+    grades: dict[ChunkId, Grade]
+    timestamp_ms: Any = msgspec.field(default=0, name=_NO_KEY)
+    """Event time in integer milliseconds since the epoch (derived from ``timestamp``)."""
+
+    def __post_init__(self) -> None:
+        self.timestamp_ms = _epoch_ms(self.timestamp)  # (checks as QueryEvent's)
+
+
+_E = TypeVar("_E", QueryEvent, MappedQueryEvent, FeedbackEvent, AuditEvent)
 
 _DECODERS: dict[type[Any], msgspec.json.Decoder[Any]] = {
     QueryEvent: msgspec.json.Decoder(QueryEvent),
     FeedbackEvent: msgspec.json.Decoder(FeedbackEvent),
 }
+
+AUDIT_REASONS = {
+    "missing_judge": "an audit needs 'judge', the name of who graded it (1..100 characters)",
+    "missing_grades": "an audit needs 'grades', {chunk_id: grade 0..3} of every chunk it assessed",
+}
+"""What an audit event without one of its fields is told."""
 
 
 def check_size(raw: bytes | str) -> None:
@@ -172,11 +195,14 @@ decode_feedback = _event_decoder(FeedbackEvent, "feedback")
 
 
 def _decode_refused(kind: type[_E], raw: bytes | str, error: msgspec.DecodeError) -> _E:
-    """An event the decoder refused (a ValidationError too): the slow path, see _convert."""
+    """An event the decoder refused (a ValidationError too): the slow path, see _convert
+    (an audit on the feedback topic comes this way: it has no ``chunk_id``)."""
     try:
         obj = json.loads(raw)
     except ValueError:  # (UnicodeDecodeError too)
         raise EventError("invalid_json", f"not valid JSON: {_plain(str(error))}") from None
+    if kind is FeedbackEvent:
+        return feedback_from(obj)  # type: ignore[return-value]
     return _convert(kind, obj)
 
 
@@ -190,9 +216,42 @@ def mapped_query_from(obj: Mapping[str, Any]) -> MappedQueryEvent:
     return _convert(MappedQueryEvent, obj)
 
 
-def feedback_from(obj: Mapping[str, Any]) -> FeedbackEvent:
-    """Validate one feedback event given as a decoded JSON object; raise EventError if bad."""
+def feedback_from(obj: Mapping[str, Any]) -> FeedbackEvent | AuditEvent:
+    """Validate one feedback event given as a decoded JSON object (an :class:`AuditEvent`
+    when its ``signal`` is ``audit``); raise EventError if bad."""
+    if isinstance(obj, dict) and obj.get("signal") == "audit":
+        return audit_from(obj)
     return _convert(FeedbackEvent, obj)
+
+
+def audit_from(obj: Mapping[str, Any]) -> AuditEvent:
+    """Validate one audit event (decoded JSON); EventError with ``missing_judge``,
+    ``missing_grades``, ``invalid_grades`` (not an object of chunk ids to integers 0..3)
+    or the reasons of any event."""
+    for name in ("judge", "grades"):
+        if obj.get(name) is None:
+            reason = f"missing_{name}"
+            raise EventError(
+                reason, f"field {name!r}: required, but missing; {AUDIT_REASONS[reason]}"
+            )
+    try:
+        return _convert(AuditEvent, obj)
+    except EventError as error:
+        if error.reason != "invalid_grades":
+            raise
+        grades = obj["grades"]
+        if not isinstance(grades, dict):
+            shown = f"got {_plain(type(grades).__name__)}"
+        else:
+            chunk, grade = next(
+                (c, g)
+                for c, g in grades.items()
+                if not (type(g) is int and 0 <= g <= 3 and 1 <= len(c) <= 500)
+            )
+            shown = f"got {chunk[:60]!r}: {grade!r}"
+        raise EventError(
+            "invalid_grades", f"field 'grades': {AUDIT_REASONS['missing_grades']} ({shown})"
+        ) from None
 
 
 def _convert(kind: type[_E], obj: object) -> _E:

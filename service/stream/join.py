@@ -39,6 +39,7 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 
 from service.errors import EventError
+from service.stream.audit_join import AuditJoin
 from service.stream.guard import timestamp_refusal
 from service.stream.join_state import (
     Intake,
@@ -114,6 +115,8 @@ class PartitionStream:
         self.n_orphans = 0
         self._recent: dict[QueryId, None] = {}
         self._recent_queue: deque[tuple[int, list[QueryId]]] = deque()
+        self.audits: AuditJoin | None = None
+        """The audit join of this partition (None: auditing is off)."""
 
     # -- records -------------------------------------------------------------------------
 
@@ -167,6 +170,7 @@ class PartitionStream:
         windows, by_serial = self.windows, self.by_serial
         published_through_ms = self.published_through_ms
         attach = self._attach
+        audits = self.audits
         watermark = self.watermark
         wm = watermark.value  # (fixed within a batch)
         latest_query, latest_feedback = watermark.latest
@@ -248,6 +252,8 @@ class PartitionStream:
                     added[window] = added.get(window, 0) + 1
                 if query_id in orphans:
                     self._claim_waiting(query_id, window, ts_ms)
+                if audits is not None and audits.in_sample(query_id):
+                    audits.query(query_id, event.chunk_ids())  # type: ignore[union-attr]
                 if recorder is not None:
                     text = getattr(event, "query_text", None)
                     recorder.query(query_id, ts_ms, event.chunk_ids(), text)  # type: ignore[union-attr]
@@ -275,6 +281,8 @@ class PartitionStream:
                             unmatched["outside_window"] += 1
                     else:
                         attach(query_id, window, query_ts, ts_ms, chunk, level, offset)
+                    if audits is not None and query_id in audits.sampled:
+                        audits.feedback(query_id, chunk, event.chunk_id)  # type: ignore[union-attr]
                 if recorder is not None:
                     recorder.feedback(query_id, ts_ms, chunk, event.chunk_id)  # type: ignore[union-attr]
                 if held.feedback > max_feedback:
@@ -541,6 +549,8 @@ class PartitionStream:
                 if self._holds(self.pending.get(query_id), window):
                     del self.pending[query_id]
                     self.labels.pop(query_id, None)
+                    if self.audits is not None:
+                        self.audits.forget(query_id)
                     self.wide_context_k.pop(query_id, None)
                     self.held.queries -= 1
                     self._forget_evicted(key, window)
@@ -581,6 +591,9 @@ class PartitionStream:
         fb_needed = [w.min_fb_offset for w in self.windows.values()]
         if self.orphans:
             fb_needed.append(self.oldest_orphan_offset())
+        audited = None if self.audits is None else self.audits.min_offset()
+        if audited is not None:
+            fb_needed.append(audited)
         q = min([*q_needed, self.next_offset[QUERIES]]) if self.next_offset[QUERIES] >= 0 else -1
         nfb = self.next_offset[FEEDBACK]
         fb = min([*fb_needed, nfb]) if nfb >= 0 else -1

@@ -12,15 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from service.errors import EventError
-from service.metrics.aggregates import aggregate_groups
-from service.metrics.ir import DEFAULT_KS, compute_metrics, metric_keys
-from service.metrics.packed import judge_packed
+from service.metrics.ir import DEFAULT_KS, metric_keys
+from service.stream.audit_join import AuditConfig, AuditJoin, AuditRequest
+from service.stream.audit_step import close_audits, has_audits, take_with_audits
 from service.stream.counters import Counts, LabelCap
-from service.stream.events import FeedbackEvent, QueryEvent
-from service.stream.join import RANKING_START, PartitionStream
+from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
+from service.stream.finalise import finalise
+from service.stream.join import PartitionStream
 from service.stream.join_state import Held, Intake, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
 from service.stream.mined import LabelRecorder
@@ -45,6 +44,7 @@ class PipelineConfig:
     max_label_values: int = 50
     rolling_ms: tuple[int, ...] = durations_field("15m,1h,24h")
     labels: LabelPolicy = field(default_factory=LabelPolicy)
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 class Pipeline:
@@ -120,6 +120,8 @@ class Pipeline:
             waiting_offsets=waiting_offsets,
             closed_through_ms=closed_through_ms,
         )
+        if self.config.audit.rate > 0:
+            stream.audits = AuditJoin(self.config.audit, self.config.ks, self.config.join.window_ms)
         self.streams[partition] = stream  # (revoke above forgot the closed boundary)
         return stream
 
@@ -149,6 +151,13 @@ class Pipeline:
         for topic in TOPICS:
             stream.set_backlog(topic, True)
 
+    def keep_audit_requests(self, into: list[AuditRequest]) -> None:
+        """Append the audit requests of the partitions assigned now to ``into`` as they are
+        made (``replay --audit-requests-out``; nothing while auditing is off)."""
+        for stream in self.streams.values():
+            if stream.audits is not None:
+                stream.audits.requests = into
+
     def partitions(self) -> list[int]:
         """The partitions assigned here."""
         return list(self.streams)
@@ -164,8 +173,10 @@ class Pipeline:
         failures = self.take(partition, [(QUERIES, offset, event)])
         return failures[0][1] if failures else None
 
-    def feedback(self, partition: int, offset: int, event: FeedbackEvent) -> EventError | None:
-        """Take a valid feedback event; return an error when the guard rejects it."""
+    def feedback(
+        self, partition: int, offset: int, event: FeedbackEvent | AuditEvent
+    ) -> EventError | None:
+        """Take a valid feedback (or audit) event; an error when it is refused."""
         failures = self.take(partition, [(FEEDBACK, offset, event)])
         return failures[0][1] if failures else None
 
@@ -185,7 +196,11 @@ class Pipeline:
         caller has it); per record, the usual paths of the join are written out
         (``PartitionStream.take``).
         """
-        return self.streams[partition].take(batch, prepared)
+        stream = self.streams[partition]
+        if has_audits(batch):  # (the audits go to the audit join)
+            skew = self.config.max_future_skew_ms
+            return take_with_audits(stream, batch, prepared, self.counts, self.now_ms(), skew)
+        return stream.take(batch, prepared)
 
     def is_new(self, partition: int, topic: Topic, offset: int) -> bool:
         """False for a record that an earlier owner of the partition already handled."""
@@ -255,6 +270,7 @@ class Pipeline:
     def advance(self) -> list[ClosedWindow]:
         """Move every watermark; finalise and return the windows that closed."""
         closing: list[tuple[PartitionStream, WindowKey]] = []
+        attribution = self.config.join.attribution_ms
         for stream in self.streams.values():
             closing.extend((stream, key) for key in stream.advance())
         # every window ending at or before this has closed in every assigned partition;
@@ -265,7 +281,7 @@ class Pipeline:
             join = self.config.join
             limit = wm - join.attribution_ms
             self._closed_through_ms = limit - limit % join.window_ms
-        closed = self._finalise(closing)
+        closed = close_audits(self.streams.values(), self._finalise(closing), attribution)
         if self.recorder is not None and wm is not None:
             self.recorder.expire(limit - join.window_ms - join.clock_skew_ms)
         return closed
@@ -282,48 +298,7 @@ class Pipeline:
         return self.advance()
 
     def _finalise(self, closing: list[tuple[PartitionStream, WindowKey]]) -> list[ClosedWindow]:
-        if not closing:
-            return []
-        rankings: list[bytes] = []
-        labels: list[dict[int, int] | None] = []
-        context_ks: list[int] = []
-        groups: list[int] = []
-        mined: list[tuple[dict[str, object], ...]] = []
-        for group, (stream, key) in enumerate(closing):
-            packed, grades, window_ks, ids = stream.close(key)
-            if self.recorder is not None:
-                mined.append(tuple(self.recorder.finalised(ids, grades, key)))
-            rankings += packed
-            labels += grades
-            context_ks += window_ks
-            groups += [group] * len(packed)
-        ks = self.config.ks
-        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
-        values = compute_metrics(batch, ks)
-        group_index = np.asarray(groups, dtype=np.int64)
-        n = len(closing)
-        aggregates = aggregate_groups(values, group_index, n)
-        n_queries = np.bincount(group_index, minlength=n)
-        n_labelled = np.bincount(group_index[batch.labelled], minlength=n)
-        out = []
-        window_ms = self.config.join.window_ms
-        for group, (stream, (retriever, segment, start)) in enumerate(closing):
-            if n_queries[group] == 0:
-                continue  # every query of it was evicted
-            out.append(
-                ClosedWindow(
-                    retriever=retriever,
-                    segment=segment,
-                    partition=stream.partition,
-                    start_ms=start,
-                    end_ms=start + window_ms,
-                    queries=int(n_queries[group]),
-                    labelled=int(n_labelled[group]),
-                    metrics=aggregates[group],
-                    labels=mined[group] if mined else (),
-                )
-            )
-        return out
+        return finalise(closing, self.config.ks, self.config.join.window_ms, self.recorder)
 
     def mark_sent(self, windows: Iterable[ClosedWindow]) -> None:
         """Windows were sent: move each partition's published-through marker (for commits)."""

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
 from service.stream.hashes import hashed_queries
 from service.stream.topics import Topic
 
-Record = tuple[Topic, int, QueryEvent | FeedbackEvent]
+Record = tuple[Topic, int, QueryEvent | FeedbackEvent | AuditEvent]
 """A valid event of one partition as :meth:`Pipeline.take` takes it: topic, offset, event."""
 
 
@@ -52,10 +52,14 @@ class Prepared(NamedTuple):
 
 
 def prepare(
-    events: Sequence[QueryEvent | FeedbackEvent], grade: Callable[[FeedbackEvent], int]
+    events: Sequence[QueryEvent | FeedbackEvent | AuditEvent], grade: Callable[[FeedbackEvent], int]
 ) -> Prepared:
     """The :class:`Prepared` columns of a batch's events (``grade``: the label policy's)."""
-    bodies, repeats = hashed_queries([e.results for e in events if type(e) is not FeedbackEvent])  # type: ignore[union-attr]
+    # (an audit has columns of no use, as a feedback event's: the pipeline takes a batch
+    # with audits apart and makes the columns of the rest anew)
+    bodies, repeats = hashed_queries(
+        [e.results for e in events if type(e) is not FeedbackEvent and type(e) is not AuditEvent]  # type: ignore[union-attr]
+    )
     feedback = [type(e) is FeedbackEvent for e in events]
     return Prepared(
         bodies,

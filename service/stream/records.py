@@ -17,12 +17,12 @@ from operator import itemgetter
 from typing import Any
 
 from service.errors import EventError
-from service.stream.events import FeedbackEvent, QueryEvent
+from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
 from service.stream.pipeline import Pipeline
 from service.stream.prepared import Prepared, Record
 from service.stream.topics import Topic
 
-Decode = Callable[[Any], QueryEvent | FeedbackEvent | None]
+Decode = Callable[[Any], QueryEvent | FeedbackEvent | AuditEvent | None]
 """A record's value to its event, or None for a record that the input mapping skips;
 raises EventError (with its reason code) for a value that is no valid event."""
 

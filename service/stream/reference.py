@@ -64,6 +64,7 @@ def evaluate_event_log(
     aggregates = aggregate_groups(compute_metrics(batch, ks), groups, len(distinct))
     n_queries = np.bincount(groups, minlength=len(distinct))
     n_labelled = np.bincount(groups[batch.labelled], minlength=len(distinct))
+    n_context = np.bincount(groups[batch.context_k > 0], minlength=len(distinct))
     out = {}
     for i, (retriever, segment, start, partition) in enumerate(distinct):
         window = ClosedWindow(
@@ -75,6 +76,7 @@ def evaluate_event_log(
             queries=int(n_queries[i]),
             labelled=int(n_labelled[i]),
             metrics=aggregates[i],
+            context_queries=int(n_context[i]),
         )
         out[window.key] = window
     return out

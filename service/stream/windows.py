@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import msgspec
 import orjson
 
+from service.audit.estimate import AuditSums
 from service.metrics.aggregates import MetricAggregates, Moments, merge_into
 from service.metrics.ir import MetricKey
 from service.times import parse_aware_ms, rfc3339
@@ -58,6 +59,15 @@ class ClosedWindow:
     metrics: MetricAggregates = field(default_factory=dict)
     labels: tuple[dict[str, Any], ...] = field(default=(), compare=False, repr=False)
     """The labels output's records of its labelled queries (when that output is on)."""
+    context_queries: int = 0
+    """Finalised queries that logged a ``context_k`` above 0 (``context_precision``'s
+    population, labelled or not: the audited estimates need it)."""
+    audit: Mapping[MetricKey, AuditSums] = field(default_factory=dict)
+    """The audits whose own time falls in this window, of queries of this slice: per
+    metric key the audited sums (:mod:`service.audit.estimate`)."""
+    audited: int = 0
+    """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
+    its earlier one: counted -1 then +1)."""
 
     def without_labels(self) -> ClosedWindow:
         """This window without its labels output (once sent: views keep windows for days)."""
@@ -95,6 +105,11 @@ class ClosedWindow:
             "metrics_fixed": {
                 key: [m.count, str(m.sum_fx), str(m.sum_sq_fx)] for key, m in self.metrics.items()
             },
+            "context_queries": self.context_queries,
+            "audit": {
+                "audited": self.audited,
+                "metrics": {key: sums.to_record() for key, sums in self.audit.items()},
+            },
         }
 
     @classmethod
@@ -115,6 +130,8 @@ class ClosedWindow:
             queries=record.queries,
             labelled=record.labelled,
             metrics={key: Moments(*sums) for key, sums in record.metrics_fixed.items()},
+            context_queries=record.context_queries,
+            **_audit_of(record.audit),
         )
 
     @classmethod
@@ -136,6 +153,8 @@ class ClosedWindow:
             queries=int(record["queries"]),
             labelled=int(record["labelled"]),
             metrics=metrics,
+            context_queries=int(record.get("context_queries", 0)),
+            **_audit_of(record.get("audit")),
         )
 
 
@@ -150,6 +169,19 @@ class _ExactRecord(msgspec.Struct, gc=False):
     queries: int
     labelled: int
     metrics_fixed: dict[str, tuple[int, int, int]]
+    context_queries: int = 0
+    audit: dict[str, Any] | None = None
+
+
+def _audit_of(record: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A window record's ``audit`` object as :class:`ClosedWindow` fields (none: no audits,
+    or a record from before audits were kept)."""
+    if not record or not record.get("metrics"):
+        return {}
+    return {
+        "audited": int(record.get("audited", 0)),
+        "audit": {key: AuditSums.from_record(v) for key, v in record["metrics"].items()},
+    }
 
 
 _EXACT_RECORD = msgspec.json.Decoder(_ExactRecord, strict=False)

@@ -25,13 +25,24 @@ ANY = "anything but the commands"
 MAY_IMPORT: dict[str, set[str] | str] = {
     # every part of ``service`` (subpackage or top-level module): the parts it may import
     "metrics": {"metrics", "errors"},
-    "stream": {"stream", "metrics", "errors", "times"},
+    "audit": {"audit", "errors"},
+    "stream": {"stream", "audit", "metrics", "errors", "times"},
     "detect": {"detect", "stream", "metrics", "errors", "times"},
     "sim": {"sim", "errors", "times"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
     "mapping": {"mapping", "stream", "errors"},
-    "core": {"core", "detect", "stream", "metrics", "errors", "times"},
-    "replay": {"replay", "core", "mapping", "offline", "stream", "metrics", "errors", "times"},
+    "core": {"core", "detect", "stream", "audit", "metrics", "errors", "times"},
+    "replay": {
+        "replay",
+        "core",
+        "mapping",
+        "offline",
+        "stream",
+        "audit",
+        "metrics",
+        "errors",
+        "times",
+    },
     "broker": ANY,
     "http": ANY,
     "commands": "anything",
@@ -42,6 +53,7 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "config": {
         "config",
         "setting_values",
+        "audit",
         "core",
         "detect",
         "stream",
@@ -51,7 +63,17 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     },
     "__main__": {"commands"},
 }
-SUBPACKAGES = {"metrics", "stream", "detect", "sim", "offline", "mapping", "core", "replay"}
+SUBPACKAGES = {
+    "metrics",
+    "audit",
+    "stream",
+    "detect",
+    "sim",
+    "offline",
+    "mapping",
+    "core",
+    "replay",
+}
 SUBPACKAGES |= EDGES | {"commands"}
 MAX_LINES = 400
 """Past this a module is usually two concerns: split it by concern, not by length."""

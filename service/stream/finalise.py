@@ -1,0 +1,73 @@
+"""Finalising closed windows: the metric core over every closing window at once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from service.metrics.aggregates import aggregate_groups
+from service.metrics.ir import compute_metrics
+from service.metrics.packed import judge_packed
+from service.stream.audit_step import SampledClose, finalised_requests
+from service.stream.join import RANKING_START, PartitionStream
+from service.stream.join_state import WindowKey
+from service.stream.mined import LabelRecorder
+from service.stream.windows import ClosedWindow
+
+
+def finalise(
+    closing: list[tuple[PartitionStream, WindowKey]],
+    ks: tuple[int, ...],
+    window_ms: int,
+    recorder: LabelRecorder | None,
+) -> list[ClosedWindow]:
+    """Finalise the closing windows of every partition in one vectorised batch through the
+    metric core (what makes streaming equal the offline evaluation): their window records,
+    and the audit sample's requests (:mod:`service.stream.audit_step`)."""
+    if not closing:
+        return []
+    rankings: list[bytes] = []
+    labels: list[dict[int, int] | None] = []
+    context_ks: list[int] = []
+    groups: list[int] = []
+    mined: list[tuple[dict[str, object], ...]] = []
+    sampled: list[SampledClose] = []  # the windows that hold queries of the audit sample
+    for group, (stream, key) in enumerate(closing):
+        packed, grades, window_ks, ids = stream.close(key)
+        if recorder is not None:
+            mined.append(tuple(recorder.finalised(ids, grades, key)))
+        if stream.audits is not None and stream.audits.sampled:
+            rows = range(len(rankings), len(rankings) + len(packed))
+            sampled.append(SampledClose(stream, key, rows, packed, grades, window_ks, ids))
+        rankings += packed
+        labels += grades
+        context_ks += window_ks
+        groups += [group] * len(packed)
+    batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
+    values = compute_metrics(batch, ks)
+    for closed_window in sampled:
+        finalised_requests(closed_window, values)
+    group_index = np.asarray(groups, dtype=np.int64)
+    n = len(closing)
+    aggregates = aggregate_groups(values, group_index, n)
+    n_queries = np.bincount(group_index, minlength=n)
+    n_labelled = np.bincount(group_index[batch.labelled], minlength=n)
+    n_context = np.bincount(group_index[batch.context_k > 0], minlength=n)
+    out = []
+    for group, (stream, (retriever, segment, start)) in enumerate(closing):
+        if n_queries[group] == 0:
+            continue  # every query of it was evicted
+        out.append(
+            ClosedWindow(
+                retriever=retriever,
+                segment=segment,
+                partition=stream.partition,
+                start_ms=start,
+                end_ms=start + window_ms,
+                queries=int(n_queries[group]),
+                labelled=int(n_labelled[group]),
+                metrics=aggregates[group],
+                labels=mined[group] if mined else (),
+                context_queries=int(n_context[group]),
+            )
+        )
+    return out
