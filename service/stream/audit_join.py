@@ -29,8 +29,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -71,10 +72,63 @@ class AuditRequest:
     f: dict[MetricKey, float]
     """The live value of every metric defined for the query (0 when unlabelled)."""
     g: bool
-    counted: tuple[str, dict[MetricKey, AuditSums]] | None = None
-    """The judge whose audit counts, and the contribution it was counted with."""
-    judges: dict[str, dict[str, int]] = field(default_factory=dict)
-    """Each judge's last grades of the query (for agreement)."""
+    applied: list[tuple[int, str, dict[str, int]]] = field(default_factory=list)
+    """The audits applied, in offset order: (feedback offset, judge, grades). What each
+    contributed is a function of the list up to it, so an audit applied again (a window
+    closed again after a restart from an older commit) contributes as the first time."""
+
+    def judge(self, wanted: str | None) -> str | None:
+        """The judge whose audits count: ``wanted``, or the first to audit the query."""
+        if wanted is not None:
+            return wanted
+        return self.applied[0][1] if self.applied else None
+
+    def judges(self) -> dict[str, dict[str, int]]:
+        """Each judge's last grades of the query (for agreement)."""
+        return {judge: grades for _, judge, grades in self.applied}
+
+    def apply(self, offset: int, judge: str, grades: dict[str, int]) -> dict[str, int] | None:
+        """Note an audit (once per offset); return the grades of the same judge's audit
+        that it replaces (None: its first)."""
+        earlier = [g for o, j, g in self.applied if j == judge and o < offset]
+        if all(o != offset for o, _, _ in self.applied):
+            self.applied.append((offset, judge, grades))
+            self.applied.sort(key=lambda audit: audit[0])
+        return earlier[-1] if earlier else None
+
+    def to_state(self) -> dict[str, object]:
+        """The audit state record (everything, to be taken over by another process)."""
+        return {
+            "query_id": self.query_id,
+            "ts_ms": self.ts_ms,
+            "retriever": self.retriever,
+            "segment": self.segment,
+            "results": self.results,
+            "context_k": self.context_k,
+            "live_grades": self.live_grades,
+            "f": self.f,
+            "g": self.g,
+            "applied": [list(audit) for audit in self.applied],
+        }
+
+    @classmethod
+    def from_state(cls, record: dict[str, Any]) -> AuditRequest:
+        """Inverse of :meth:`to_state`."""
+        return cls(
+            str(record["query_id"]),
+            int(record["ts_ms"]),
+            str(record["retriever"]),
+            str(record["segment"]),
+            [str(c) for c in record["results"]],
+            int(record["context_k"]),
+            {str(c): int(g) for c, g in record["live_grades"].items()},
+            {str(k): float(v) for k, v in record["f"].items()},
+            bool(record["g"]),
+            [
+                (int(o), str(j), {str(c): int(v) for c, v in g.items()})
+                for o, j, g in record["applied"]
+            ],
+        )
 
     def to_record(self) -> dict[str, object]:
         """The audit request record (the contract's fields)."""
@@ -111,6 +165,10 @@ class AuditJoin:
         """Audit window start -> its audits (offset, event) in arrival order."""
         self.counts: Counter[str] = Counter()
         """Audits by outcome: counted, replaced, outside_sample, no_query, other_judge."""
+        self.changed: dict[str, AuditRequest | None] | None = None
+        """Requests made, changed or forgotten (None) since :meth:`take_changes`: the
+        audit state records to write with the windows of this close (None: no state is
+        written, as in a replay)."""
         self.requests: list[AuditRequest] | None = None
         """Where the requests made are appended, for whoever publishes or writes them
         (None: nobody does)."""
@@ -153,7 +211,11 @@ class AuditJoin:
         request = AuditRequest(
             query_id.decode(), ts_ms, key[0], key[1], results, context_k, live, f, labelled
         )
+        known = self.held.get(request.query_id)
+        if known is not None and known.ts_ms == ts_ms:  # (taken over: its audits stay)
+            request.applied = known.applied
         self.held[request.query_id] = request
+        self._note(request.query_id, request)
         self._expiry.append((ts_ms + self.config.window_ms, request.query_id))
         if self.requests is not None:
             self.requests.append(request)
@@ -195,29 +257,39 @@ class AuditJoin:
             matched = self._match(audits)
             if not matched:
                 continue
-            values = self._true_values(matched)
-            for row, (event, request) in enumerate(matched):
-                contribution = self._contribution(request, values, row)
+            values = self._true_values(matched, [grades for _, _, _, grades in matched])
+            replaced, earlier = [], []
+            for m in matched:
+                if m[2] is not None:
+                    replaced.append(m)
+                    earlier.append(m[2])
+            before = self._true_values(replaced, earlier) if replaced else None
+            row_before = 0
+            for row, (_, request, old, _) in enumerate(matched):
                 key = (request.retriever, request.segment, start)
                 count, sums = out.get(key, (0, {}))
-                counted = request.counted
-                if counted is not None:  # the same judge again: the last audit counts
-                    for metric, old in counted[1].items():
-                        sums[metric] = sums.get(metric, AuditSums()) - old
+                for metric, new in self._contribution(request, values, row).items():
+                    sums[metric] = sums.get(metric, AuditSums()) + new
+                count += 1
+                if old is not None and before is not None:  # the judge's earlier audit goes
+                    for metric, gone in self._contribution(request, before, row_before).items():
+                        sums[metric] = sums[metric] - gone
+                    row_before += 1
                     count -= 1
                     self.counts["replaced"] += 1
-                for metric, new in contribution.items():
-                    sums[metric] = sums.get(metric, AuditSums()) + new
-                request.counted = (event.judge, contribution)
-                out[key] = (count + 1, sums)
+                out[key] = (count, sums)
                 self.counts["counted"] += 1
+                self._note(request.query_id, request)
         return out
 
-    def _match(self, audits: list[tuple[int, AuditEvent]]) -> list[tuple[AuditEvent, AuditRequest]]:
-        """The audits of a closing window that count, each with its request (the others
-        counted by outcome); each judge's grades are kept for agreement."""
+    def _match(
+        self, audits: list[tuple[int, AuditEvent]]
+    ) -> list[tuple[AuditEvent, AuditRequest, dict[str, int] | None, dict[str, int]]]:
+        """The audits of a closing window that count, each with its request, the grades of
+        the same judge's audit it replaces (None: its first) and its own grades; the
+        others are counted by outcome. Every audit of a held query is kept (agreement)."""
         matched = []
-        for _, event in audits:
+        for offset, event in audits:
             request = self.held.get(event.query_id)
             if request is None:
                 outside = not self.in_sample(event.query_id.encode())
@@ -226,25 +298,24 @@ class AuditJoin:
             if event.timestamp_ms > request.ts_ms + self.config.window_ms:
                 self.counts["too_late"] += 1  # (its query was final only after it came)
                 continue
-            request.judges[event.judge] = event.grades
-            wanted = self.config.judge
-            counted = request.counted
-            if (wanted is not None and event.judge != wanted) or (
-                counted is not None and counted[0] != event.judge
-            ):
+            old = request.apply(offset, event.judge, event.grades)
+            self._note(request.query_id, request)
+            if event.judge != request.judge(self.config.judge):
                 self.counts["other_judge"] += 1
                 continue
-            matched.append((event, request))
+            matched.append((event, request, old, event.grades))
         return matched
 
     def _true_values(
-        self, matched: list[tuple[AuditEvent, AuditRequest]]
+        self,
+        matched: Sequence[tuple[AuditEvent, AuditRequest, object, object]],
+        grades: Sequence[dict[str, int]],
     ) -> dict[MetricKey, np.ndarray]:
-        """Every metric of the matched queries with R = the audit's relevant chunks."""
+        """Every metric of the matched queries with R = the chunks ``grades`` call relevant."""
         batch = judge_batch(
-            [request.results for _, request in matched],
-            [event.grades for event, _ in matched],
-            [request.context_k if request.context_k >= 0 else None for _, request in matched],
+            [request.results for _, request, _, _ in matched],
+            grades,
+            [r.context_k if r.context_k >= 0 else None for _, r, _, _ in matched],
             ideal_depth=max(self.ks),
         )
         values = compute_metrics(batch, self.ks)
@@ -271,3 +342,24 @@ class AuditJoin:
             request = self.held.get(query_id)
             if request is not None and request.ts_ms + self.config.window_ms == expiry:
                 del self.held[query_id]
+                self._note(query_id, None)
+
+    def _note(self, query_id: str, request: AuditRequest | None) -> None:
+        if self.changed is not None:
+            self.changed[query_id] = request
+
+    def take_changes(self) -> dict[str, AuditRequest | None]:
+        """The requests changed since the last call (None: forgotten), to be written
+        (nothing while the state is not kept)."""
+        changed = self.changed
+        if changed is None:
+            return {}
+        self.changed = {}
+        return changed
+
+    def load(self, requests: Iterable[AuditRequest]) -> None:
+        """Hold the requests of the audit state topic (a partition taken over)."""
+        for request in requests:
+            self.held[request.query_id] = request
+            self._expiry.append((request.ts_ms + self.config.window_ms, request.query_id))
+        self._expiry = deque(sorted(self._expiry))
