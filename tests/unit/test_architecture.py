@@ -27,7 +27,8 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "metrics": {"metrics", "errors"},
     "stream": {"stream", "metrics", "errors", "times"},
     "detect": {"detect", "stream", "metrics", "errors", "times"},
-    "sim": {"sim", "errors", "times"},
+    "sim": {"sim", "audit", "metrics", "errors", "times"},
+    "audit": {"audit", "errors"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
     "mapping": {"mapping", "stream", "errors"},
     "core": {"core", "detect", "stream", "metrics", "errors", "times"},
@@ -52,6 +53,7 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "__main__": {"commands"},
 }
 SUBPACKAGES = {"metrics", "stream", "detect", "sim", "offline", "mapping", "core", "replay"}
+SUBPACKAGES |= {"audit"}
 SUBPACKAGES |= EDGES | {"commands"}
 MAX_LINES = 400
 """Past this a module is usually two concerns: split it by concern, not by length."""
