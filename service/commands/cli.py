@@ -13,7 +13,6 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,17 +27,13 @@ from service.commands.offline import (
     print_json,
 )
 from service.commands.runtime import tune_gc
+from service.commands.simulate import simulation_config
 from service.config import add_settings_flags, monitor_config, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
 from service.metrics.ir import metric_keys
 from service.replay import replay
-from service.sim.simulator import (
-    HYBRID_V7,
-    HYBRID_V8,
-    SimulationConfig,
-    generate,
-    write_jsonl,
-)
+from service.sim.audit import CAREFUL_JUDGE
+from service.sim.simulator import HYBRID_V8, generate, write_jsonl
 from service.stream.audit_join import AuditRequest
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
@@ -185,6 +180,21 @@ def _add_streaming_commands(commands: Any) -> None:
         help=f"rank decay of the deployed version ({HYBRID_V8.rank_decay}; higher ranks lower)",
     )
     sim.add_argument("--seed", type=int, default=7)
+    sim.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        metavar="NAME[:CONFUSION]",
+        help="audit the audit sample (--audit-rate, as the service samples it) with this "
+        f"judge, e.g. {CAREFUL_JUDGE.name} or llm:judge:0.15 (repeatable; none: no audits)",
+    )
+    for labels in ("citations", "clicks"):
+        sim.add_argument(
+            f"--halve-{labels}-at",
+            type=_duration_hours,
+            default=None,
+            help=f"from then on, every {labels[:-1]} is half as likely (a label shift)",
+        )
     add_settings_flags(sim)
 
     check = commands.add_parser(
@@ -322,19 +332,7 @@ def _write_lines(path: str | None, records: list[dict[str, Any]]) -> None:
 
 def _simulate(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
-    duration = int(args.hours * HOUR_MS)
-    start = args.start if args.start is not None else wall_ms() - duration
-    deploy = None if args.deploy_at is None else start + int(args.deploy_at * HOUR_MS)
-    config = SimulationConfig(
-        seed=args.seed,
-        start_ms=start,
-        duration_ms=duration,
-        queries_per_hour=args.queries_per_hour,
-        before=HYBRID_V7,
-        after=replace(HYBRID_V8, rank_decay=args.rank_decay) if deploy is not None else None,
-        switch_at_ms=deploy,
-        quality_drop=args.quality_drop,
-    )
+    config = simulation_config(args, settings.audit_rate)
     if args.jsonl:
         n = write_jsonl(generate(config), args.jsonl)
         print(f"wrote {n} events to {args.jsonl}", file=sys.stderr)

@@ -18,6 +18,10 @@ Citations: one generated answer (1..10 s after the query by default) cites relev
 chunks among the first ``context_k`` results with ``citation_rate``, non-relevant ones
 with ``citation_noise_rate``, and sometimes a relevant chunk that was not retrieved.
 Judgments: a few queries get an explicit grade for each of their first ``context_k``.
+
+Label shifts (:class:`service.sim.shape.TrafficShape`) multiply each click's and each
+citation's probability by a scale; the draws stay the same in number and order (the
+threshold moves, not the draw), so a shift changes nothing before its time.
 """
 
 from __future__ import annotations
@@ -86,15 +90,21 @@ def _dwell_ms(rng: random.Random, long: bool) -> int:
 
 
 def simulate_clicks(
-    rng: random.Random, grades: Sequence[int], model: ClickModel, max_delay_ms: int
+    rng: random.Random,
+    grades: Sequence[int],
+    model: ClickModel,
+    max_delay_ms: int,
+    *,
+    scale: float = 1.0,
 ) -> list[Click]:
-    """The clicks of one user on a list whose true grades are ``grades`` (rank 1 first)."""
+    """The clicks of one user on a list whose true grades are ``grades`` (rank 1 first);
+    ``scale`` multiplies every click probability (a label shift: 0.5 halves the clicks)."""
     clicks: list[Click] = []
     delay_ms = 0
     for index, grade in enumerate(grades):
         if index and rng.random() >= model.examine_decay:
             break
-        if rng.random() >= model.click_by_grade[grade]:
+        if rng.random() >= model.click_by_grade[grade] * scale:
             continue
         if not clicks:
             low, high = model.first_click_delay_ms
@@ -133,19 +143,27 @@ class FeedbackModel(Protocol):
 
 
 def simulate_feedback(
-    rng: random.Random, results: list[str], relevant: Mapping[str, int], config: FeedbackModel
+    rng: random.Random,
+    results: list[str],
+    relevant: Mapping[str, int],
+    config: FeedbackModel,
+    *,
+    clicks_scale: float = 1.0,
+    citations_scale: float = 1.0,
 ) -> Iterator[tuple[int, str, str, dict[str, object]]]:
-    """(delay_ms, chunk_id, signal, extra fields) of each feedback event of one query."""
+    """(delay_ms, chunk_id, signal, extra fields) of each feedback event of one query;
+    the scales multiply each click's and each citation's probability (label shifts)."""
     c = config
     grades = [relevant.get(chunk, 0) for chunk in results]
-    for click in simulate_clicks(rng, grades, c.clicks, c.max_feedback_delay_ms):
+    clicks = simulate_clicks(rng, grades, c.clicks, c.max_feedback_delay_ms, scale=clicks_scale)
+    for click in clicks:
         yield click.delay_ms, results[click.rank - 1], "click", {"dwell_ms": click.dwell_ms}
     context = results[: c.context_k]
     answer_ms = rng.randint(*c.citation_delay_ms)  # one answer cites all of its chunks
     for chunk, grade in zip(context, grades, strict=False):
-        if rng.random() < (c.citation_rate if grade else c.citation_noise_rate):
+        if rng.random() < (c.citation_rate if grade else c.citation_noise_rate) * citations_scale:
             yield answer_ms, chunk, "citation", {}
-    if rng.random() < c.unretrieved_citation_rate:
+    if rng.random() < c.unretrieved_citation_rate * citations_scale:
         missing = sorted(set(relevant) - set(results))  # sorted: set order varies by process
         if missing:
             yield answer_ms, rng.choice(missing), "citation", {}

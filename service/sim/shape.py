@@ -3,15 +3,17 @@
 Real traffic is harsher than a flat stream: volume and quality follow the hour of the
 day, a new version often serves a share of the traffic beside the old one first (a
 canary), a bad deploy is rolled back, and quality can decay slowly with no deploy at
-all (an index going stale). A :class:`TrafficShape` describes all of that as functions
-of event time; the simulator asks it how many queries arrive, which version serves a
-query, and how much the find rate moves.
+all (an index going stale). The labels themselves can shift while retrieval holds: a
+prompt change halves the answer's citations, a page redesign halves the clicks. A
+:class:`TrafficShape` describes all of that as functions of event time; the simulator
+asks it how many queries arrive, which version serves a query, how much the find rate
+moves, and how likely each citation and click is.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.errors import ConfigError
 from service.times import DAY_MS, HOUR_MS
@@ -38,6 +40,15 @@ class TrafficShape:
     drift_drop: float = 0.0
     """The find rate of every version falls linearly by this over ``drift_ms`` from
     ``drift_start_ms``, then stays down."""
+    citations_scale: float = 1.0
+    """From ``citations_scale_at_ms`` on, every citation's probability (of a relevant, a
+    non-relevant or an unretrieved chunk) is multiplied by this (0.5 halves the citations),
+    for every version: a label shift, retrieval quality unchanged."""
+    citations_scale_at_ms: int | None = None
+    clicks_scale: float = 1.0
+    """From ``clicks_scale_at_ms`` on, every click's probability (``click_by_grade``) is
+    multiplied by this, for every version; examination and stopping are unchanged."""
+    clicks_scale_at_ms: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("volume_amplitude", "quality_amplitude", "canary_share", "drift_drop"):
@@ -50,6 +61,32 @@ class TrafficShape:
             raise ConfigError("canary_share must be positive")
         if self.drift_ms <= 0:
             raise ConfigError(f"drift_ms must be positive, got {self.drift_ms!r}")
+        for name in ("citations_scale", "clicks_scale"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1] (0.5 halves), got {value!r}")
+
+    @property
+    def shifts_labels(self) -> bool:
+        """Whether the shape scales the citations or the clicks from some time on."""
+        citations = self.citations_scale_at_ms is not None and self.citations_scale != 1.0
+        clicks = self.clicks_scale_at_ms is not None and self.clicks_scale != 1.0
+        return citations or clicks
+
+    @property
+    def shapes_traffic(self) -> bool:
+        """False for a shape that does nothing but shift labels: the simulator then makes
+        exactly the draws of an unshaped run, so the shift changes nothing before its time.
+        Every other shape, the flat one too, draws a canary's and the volume's share per
+        query (as shapes always have: their runs stay reproducible)."""
+        without_shifts = replace(
+            self,
+            citations_scale=1.0,
+            citations_scale_at_ms=None,
+            clicks_scale=1.0,
+            clicks_scale_at_ms=None,
+        )
+        return not self.shifts_labels or without_shifts != TrafficShape()
 
     def cycle(self, ts_ms: int) -> float:
         """The daily cycle at ``ts_ms``: 1 at ``peak_hour``, -1 twelve hours later."""
@@ -74,3 +111,13 @@ class TrafficShape:
         if self.promote_at_ms is not None and ts_ms >= self.promote_at_ms:
             return True
         return draw < self.canary_share
+
+    def citations_factor(self, ts_ms: int) -> float:
+        """What multiplies each citation's probability for a query at ``ts_ms``."""
+        at_ms = self.citations_scale_at_ms
+        return self.citations_scale if at_ms is not None and ts_ms >= at_ms else 1.0
+
+    def clicks_factor(self, ts_ms: int) -> float:
+        """What multiplies each click's probability for a query at ``ts_ms``."""
+        at_ms = self.clicks_scale_at_ms
+        return self.clicks_scale if at_ms is not None and ts_ms >= at_ms else 1.0

@@ -8,11 +8,14 @@ relevant chunk with probability ``find_rate`` at a rank drawn from a truncated
 geometric distribution (``rank_decay``: P(rank r) ~ rank_decay ** (r - 1)); the rest
 are random corpus chunks. Users then click (see :mod:`service.sim.clicks`), the answer
 cites relevant chunks from the first ``context_k`` results, and a few queries are
-judged. Abandoned queries get no feedback at all.
+judged. Abandoned queries get no feedback at all. Queries in the audit sample are audited
+hours later by simulated judges (:mod:`service.sim.audit`), from random sources of their
+own; the true metric values are in :mod:`service.sim.truth`.
 
 Events are streamed in arrival order (event time plus a bounded ingestion lag, drawn
 independently per event, so feedback may arrive before its query), with memory bounded
-by the events of the last ``max_feedback_delay_ms + max_arrival_delay_ms``.
+by the events of the last ``max_feedback_delay_ms + max_arrival_delay_ms``, plus the
+audits still to come (hours late, but only for the audit sample's share of the queries).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
 from service.errors import ConfigError
+from service.sim.audit import JudgeModel, audit_events
 from service.sim.clicks import ClickModel, check_rate, simulate_feedback
 from service.sim.shape import TrafficShape
 from service.times import HOUR_MS, rfc3339_millis
@@ -90,6 +94,8 @@ class SimQuery:
     results: tuple[str, ...]
     relevant: Mapping[str, int]
     """Ground truth: relevant chunk id -> grade 1..3 (never emitted)."""
+    context_k: int
+    """The ``context_k`` its query event logs (the first results the answer was built from)."""
     events: tuple[SimEvent, ...]
 
 
@@ -133,7 +139,12 @@ class SimulationConfig:
     id_prefix: str | None = None
     """Query ids are ``<prefix><n>``; None: ``s<seed>t<start seconds>-``."""
     shape: TrafficShape | None = None
-    """Daily cycles, canaries, rollbacks, drift (:mod:`service.sim.shape`); None: flat."""
+    """Daily cycles, canaries, rollbacks, drift, label shifts (:mod:`service.sim.shape`);
+    None: flat."""
+    audit_rate: float = 0.0
+    """Queries in the audit sample at this rate (``service.audit``) are audited; 0: none."""
+    judges: tuple[JudgeModel, ...] = ()
+    """Who audits the sample (:mod:`service.sim.audit`); none named: one careful judge."""
 
     def __post_init__(self) -> None:
         for name in ("abandon_rate", "citation_rate", "citation_noise_rate", "lag_spike_rate"):
@@ -157,6 +168,10 @@ class SimulationConfig:
         if self.after is None and (self.switch_at_ms is not None or self.quality_drop):
             raise ConfigError("switch_at_ms and quality_drop need an 'after' retriever profile")
         check_rate("quality_drop", self.quality_drop)
+        check_rate("audit_rate", self.audit_rate)
+        names = [judge.name for judge in self.judges]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"judges need distinct names, got {names!r}")
 
     @property
     def end_ms(self) -> int:
@@ -210,8 +225,9 @@ class _Simulator:
             else config.id_prefix
         )
 
-    def lag_ms(self) -> int:
-        c, rng = self.config, self.rng
+    def lag_ms(self, rng: random.Random | None = None) -> int:
+        """An ingestion lag, drawn from ``rng`` (by default the simulator's)."""
+        c, rng = self.config, self.rng if rng is None else rng
         if rng.random() < c.lag_spike_rate:
             return rng.randint(0, c.max_arrival_delay_ms)
         mean = c.mean_arrival_delay_ms
@@ -251,7 +267,7 @@ class _Simulator:
     def query(self, number: int, timestamp_ms: int) -> SimQuery:
         c, rng = self.config, self.rng
         query_id = f"{self.prefix}{number}"
-        draw = rng.random() if c.shape is not None else 0.0
+        draw = rng.random() if c.shape is not None and c.shape.shapes_traffic else 0.0
         profile = c.profile_at(timestamp_ms, draw)
         segment = rng.choices(self.segment_names, self.segment_weights)[0]
         n_relevant = rng.choices((1, 2, 3, 4), _RELEVANT_COUNT_WEIGHTS)[0]
@@ -276,8 +292,19 @@ class _Simulator:
                 score = max(0.0, score - rng.uniform(0.0, 0.03))
             body["results"] = scored
         events = [self.event("queries", query_id, body, timestamp_ms)]
+        shape = c.shape
+        clicks_scale = 1.0 if shape is None else shape.clicks_factor(timestamp_ms)
+        citations_scale = 1.0 if shape is None else shape.citations_factor(timestamp_ms)
         if rng.random() >= c.abandon_rate:
-            for delay_ms, chunk, signal, extra in simulate_feedback(rng, results, relevant, c):
+            feedback = simulate_feedback(
+                rng,
+                results,
+                relevant,
+                c,
+                clicks_scale=clicks_scale,
+                citations_scale=citations_scale,
+            )
+            for delay_ms, chunk, signal, extra in feedback:
                 fb_ms = timestamp_ms + delay_ms
                 fb: dict[str, object] = {
                     "query_id": query_id,
@@ -287,8 +314,18 @@ class _Simulator:
                     **extra,
                 }
                 events.append(self.event("feedback", query_id, fb, fb_ms))
+        audits = audit_events(c, query_id, timestamp_ms, results, relevant, lag_ms=self.lag_ms)
+        for audit_body, audit_ms, arrival_ms in audits:
+            events.append(SimEvent("feedback", query_id, audit_body, audit_ms, arrival_ms))
         return SimQuery(
-            query_id, timestamp_ms, profile.name, segment, tuple(results), relevant, tuple(events)
+            query_id,
+            timestamp_ms,
+            profile.name,
+            segment,
+            tuple(results),
+            relevant,
+            c.context_k,
+            tuple(events),
         )
 
     def event(
@@ -300,7 +337,7 @@ class _Simulator:
 def simulate_queries(config: SimulationConfig) -> Iterator[SimQuery]:
     """The run's queries in event-time order (Poisson arrivals), with ground truth and events."""
     sim = _Simulator(config)
-    shape = config.shape
+    shape = config.shape if config.shape is not None and config.shape.shapes_traffic else None
     peak = 1.0 + (shape.volume_amplitude if shape is not None else 0.0)
     rate_per_ms = config.queries_per_hour * peak / HOUR_MS
     clock_ms = float(config.start_ms)
@@ -353,29 +390,3 @@ def write_jsonl(
         path_or_file.write(line + "\n")
         count += 1
     return count
-
-
-@dataclass(frozen=True, slots=True)
-class QualitySummary:
-    """True (ground-truth) quality of one retriever version over simulated queries."""
-
-    queries: int
-    hit_rate: float
-    """Share of queries with a relevant chunk in the first k results."""
-    recall: float
-    """Mean over queries of relevant chunks in the first k / all relevant chunks."""
-
-
-def summarize(queries: Iterable[SimQuery], k: int = 5) -> dict[str, QualitySummary]:
-    """Ground-truth hit rate@k and recall@k per retriever version (what a monitor should see)."""
-    totals: dict[str, list[float]] = {}
-    for query in queries:
-        found = sum(1 for chunk in query.results[:k] if chunk in query.relevant)
-        row = totals.setdefault(query.retriever, [0, 0.0, 0.0])
-        row[0] += 1
-        row[1] += found > 0
-        row[2] += found / len(query.relevant)
-    return {
-        name: QualitySummary(int(n), hits / n, recall / n)
-        for name, (n, hits, recall) in totals.items()
-    }

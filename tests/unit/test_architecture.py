@@ -28,7 +28,7 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "audit": {"audit", "errors"},
     "stream": {"stream", "audit", "metrics", "errors", "times"},
     "detect": {"detect", "stream", "metrics", "errors", "times"},
-    "sim": {"sim", "errors", "times"},
+    "sim": {"sim", "audit", "metrics", "errors", "times"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
     "mapping": {"mapping", "stream", "errors"},
     "core": {"core", "detect", "stream", "audit", "metrics", "errors", "times"},

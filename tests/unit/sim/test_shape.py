@@ -15,8 +15,8 @@ from service.sim.simulator import (
     HYBRID_V8,
     SimulationConfig,
     simulate_queries,
-    summarize,
 )
+from service.sim.truth import summarize
 
 DAY_MS = 24 * HOUR_MS
 

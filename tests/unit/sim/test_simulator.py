@@ -30,9 +30,9 @@ from service.sim.simulator import (
     encode,
     generate,
     simulate_queries,
-    summarize,
     write_jsonl,
 )
+from service.sim.truth import summarize
 from service.stream.events import FeedbackEvent, QueryEvent, decode_feedback, decode_query
 
 MINUTE_MS = 60_000
