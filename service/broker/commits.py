@@ -327,6 +327,7 @@ class CommitProtocol:
         """Send closed windows and move the markers (under both locks)."""
         if windows:
             self.publisher.windows(windows, self.pipeline.metric_keys)
+            self.publisher.audit_requests(self.pipeline.take_audit_requests())
             self.pipeline.mark_sent(windows)
             self.unconfirmed.extend(windows)
 

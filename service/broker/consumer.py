@@ -120,6 +120,9 @@ class KafkaEdge:
                 transactional_id=settings.transactional_id
                 or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
             )
+            if settings.audit_topic and settings.audit_rate > 0:
+                publisher.audit_topic = settings.audit_topic
+                self.pipeline.keep_audit_requests([])
             if settings.labels_topic:
                 publisher.labels_topic = settings.labels_topic
                 self.pipeline.recorder = LabelRecorder(settings.labels_query_text)

@@ -32,6 +32,7 @@ from kafka.errors import KafkaError
 from service.broker import compat
 from service.errors import EventError
 from service.metrics.ir import MetricKey
+from service.stream.audit_join import AuditRequest
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.publisher")
@@ -199,6 +200,8 @@ class Publisher(ABC):
         self.deadletter_topic = deadletter_topic
         self.labels_topic: str | None = None
         """Where each window's labels output goes with it (None: that output is off)."""
+        self.audit_topic: str | None = None
+        """Where the audit sample's requests go (``AUDIT_TOPIC``; None: nowhere)."""
 
     @abstractmethod
     def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
@@ -232,6 +235,15 @@ class Publisher(ABC):
             if labels is not None:
                 for query in window.labels:
                     self._send(labels, str(query["query_id"]).encode(), orjson.dumps(query), [])
+
+    def audit_requests(self, requests: Iterable[AuditRequest]) -> None:
+        """Send audit requests, keyed by query id, with the windows they closed with (a
+        request sent twice, after a crash, is the same record)."""
+        topic = self.audit_topic
+        if topic is not None:
+            for request in requests:
+                record = orjson.dumps(request.to_record())
+                self._send(topic, request.query_id.encode(), record, [])
 
     @abstractmethod
     def commit(self, offsets: Offsets, consumer: Committer) -> None:

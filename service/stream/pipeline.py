@@ -74,7 +74,8 @@ class Pipeline:
         self._confirmed: dict[WindowIdent, int] = {}
         """The windows confirmed lately (by ident), with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
-        self.audit_state = False
+        self.audit_requests: list[AuditRequest] | None = None
+        """Where every partition's audit requests go as they are made (None: nowhere)."""
         """Whether the audit joins keep their changes for the audit state topic (``run``)."""
         self.intake = Intake(
             now_ms=now_ms,
@@ -124,7 +125,7 @@ class Pipeline:
         )
         if self.config.audit.rate > 0:
             stream.audits = AuditJoin(self.config.audit, self.config.ks, self.config.join.window_ms)
-            stream.audits.changed = {} if self.audit_state else None
+            stream.audits.requests = self.audit_requests
         self.streams[partition] = stream  # (revoke above forgot the closed boundary)
         return stream
 
@@ -154,27 +155,23 @@ class Pipeline:
         for topic in TOPICS:
             stream.set_backlog(topic, True)
 
-    def audit_changes(self) -> dict[int, dict[str, AuditRequest | None]]:
-        """Per partition, the audit requests made, changed or forgotten (None) since the
-        last call: the audit state records to write with the windows just closed."""
-        return {
-            p: stream.audits.take_changes()
-            for p, stream in self.streams.items()
-            if stream.audits is not None and stream.audits.changed
-        }
-
-    def load_audits(self, partition: int, requests: Iterable[AuditRequest]) -> None:
-        """A partition taken over holds the requests of its audit state (read back)."""
-        audits = self.streams[partition].audits
-        if audits is not None:
-            audits.load(requests)
-
     def keep_audit_requests(self, into: list[AuditRequest]) -> None:
-        """Append the audit requests of the partitions assigned now to ``into`` as they are
-        made (``replay --audit-requests-out``; nothing while auditing is off)."""
+        """Append the audit requests of every partition, assigned now or later, to ``into``
+        as they are made (``replay --audit-requests-out``, ``AUDIT_TOPIC``; nothing while
+        auditing is off)."""
+        self.audit_requests = into
         for stream in self.streams.values():
             if stream.audits is not None:
                 stream.audits.requests = into
+
+    def take_audit_requests(self) -> list[AuditRequest]:
+        """The audit requests made since the last call (kept only after
+        :meth:`keep_audit_requests`)."""
+        if not self.audit_requests:
+            return []
+        taken = list(self.audit_requests)
+        self.audit_requests.clear()  # (the same list: every partition appends to it)
+        return taken
 
     def partitions(self) -> list[int]:
         """The partitions assigned here."""
