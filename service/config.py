@@ -106,6 +106,8 @@ class Settings(BaseSettings):
     """The judge whose audits the estimates use; unset: the first to audit a query."""
     audit_topic: str | None = None
     """Where audit requests are published (unset: nowhere)."""
+    audit_state_topic: str = "retrieval.audit-state"
+    """The audit joins' state (compacted; made by the service when missing)."""
     context_size: int = Field(5, ge=1)
     """How many results reach the model; the detector watches recall and hit rate at it."""
     regression_metrics: MetricNames = ()

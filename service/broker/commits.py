@@ -40,9 +40,11 @@ from kafka.errors import KafkaError, KafkaTimeoutError
 from kafka.structs import OffsetAndMetadata
 
 from service.broker import compat
+from service.broker.audit_state import AuditStateReader
 from service.broker.failpoints import failpoint
 from service.broker.hanging import SETTLE_AFTER_S, HangingOffsets
-from service.broker.publisher import CommitError, Publisher
+from service.broker.publisher import Publisher
+from service.broker.transport import CommitError
 from service.core.state import ServiceState
 from service.stream.offsets import restart_from
 from service.stream.topics import TOPICS, Topic
@@ -109,6 +111,7 @@ class CommitProtocol:
         self._rebuild_lock = threading.Lock()
         """Guards the rebuild decision, which callbacks and the loop both make."""
         self.hanging = hanging
+        self.audit_reader: AuditStateReader | None = None  # (None: auditing is off)
         """Settles offsets left unstable by a skipped transaction marker (transactional)."""
 
     # -- the loop (main thread) ---------------------------------------------------------------
@@ -245,6 +248,8 @@ class CommitProtocol:
                 # (with what an earlier life of this process counted, if it dropped the
                 # partition uncommitted: dead letters of an aborted transaction go again)
                 self.pipeline.take_over(p, restart, self.counted.pop(p, None))
+                if not self._load_audits(p):
+                    continue
                 # Always restart from the commit: a partition kept across an eager
                 # rebalance would otherwise continue from its position, and the state
                 # dropped on revoke would never be rebuilt.
@@ -258,6 +263,20 @@ class CommitProtocol:
                         started[topic] = m.offset
             self.state.health.assigned = len(self.pipeline.partitions())
         log.info("assigned partitions %s", sorted(partitions))
+
+    def _load_audits(self, partition: int) -> bool:
+        """Read the partition's audit state back; False (the partition dropped, for the
+        loop to take over later) when the broker cannot be read."""
+        if self.audit_reader is None:
+            return True
+        try:
+            self.pipeline.load_audits(partition, self.audit_reader.read(partition))
+        except KafkaError as error:
+            log.warning("reading the audit state of partition %d failed (%s)", partition, error)
+            self.pipeline.revoke(partition)
+            self._rebuild_later()
+            return False
+        return True
 
     def take_over_later(self, partitions: set[int], error: Exception) -> None:
         """The committed offsets of newly assigned partitions could not be fetched.
@@ -330,6 +349,9 @@ class CommitProtocol:
             self.publisher.audit_requests(self.pipeline.take_audit_requests())
             self.pipeline.mark_sent(windows)
             self.unconfirmed.extend(windows)
+        changes = self.pipeline.audit_changes()
+        if changes:  # (with the windows they closed with, and the offsets)
+            self.publisher.audit_state(changes)
 
     def _offsets(self) -> dict[Any, OffsetAndMetadata]:
         """The offsets and markers of every partition, after closed windows were sent."""

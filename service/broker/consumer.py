@@ -25,6 +25,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.errors import KafkaError, KafkaTimeoutError, RetriableError
 
 from service.broker import compat, waits
+from service.broker.audit_state import AuditStateReader, ensure_topic
 from service.broker.commits import CommitProtocol
 from service.broker.hanging import HangingOffsets
 from service.broker.publisher import make_publisher
@@ -120,9 +121,13 @@ class KafkaEdge:
                 transactional_id=settings.transactional_id
                 or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
             )
-            if settings.audit_topic and settings.audit_rate > 0:
-                publisher.audit_topic = settings.audit_topic
-                self.pipeline.keep_audit_requests([])
+            self._client = client
+            if settings.audit_rate > 0:
+                publisher.audit_state_topic = settings.audit_state_topic
+                self.pipeline.audit_state = True
+                if settings.audit_topic:
+                    publisher.audit_topic = settings.audit_topic
+                    self.pipeline.keep_audit_requests([])
             if settings.labels_topic:
                 publisher.labels_topic = settings.labels_topic
                 self.pipeline.recorder = LabelRecorder(settings.labels_query_text)
@@ -171,6 +176,11 @@ class KafkaEdge:
             self.settings,
         )
         log.info("topics %s and %s have %d partitions each", *self.topics, n)
+        if self.settings.audit_rate > 0:  # (before joining: a take-over reads it)
+            ensure_topic(self._client, self.settings.audit_state_topic, n)
+            self.commits.audit_reader = AuditStateReader(
+                self._client, self.settings.audit_state_topic
+            )
         self.consumer.subscribe(list(self.topics), listener=_Listener(self.commits))
         return n
 
@@ -226,6 +236,8 @@ class KafkaEdge:
         self.consumer.unsubscribe()
         self.consumer.close(autocommit=False)
         self.commits.publisher.close()
+        if self.commits.audit_reader is not None:
+            self.commits.audit_reader.close()
 
     def _process(self, tp: Any, records: Iterable[Any]) -> None:
         """Decode and take one topic partition's records (under both locks)."""

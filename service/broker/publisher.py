@@ -23,169 +23,30 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
-from kafka import KafkaProducer
 from kafka.errors import KafkaError
 
-from service.broker import compat
+from service.broker.transport import (
+    MAX_DEAD_LETTER_BYTES,
+    REPLACE_WAIT_S,
+    TRANSACTION_WAIT_MS,
+    CommitError,
+    Committer,
+    Headers,
+    KafkaTransport,
+    Offsets,
+    Transport,
+    UnansweredError,
+    producer_config,
+)
 from service.errors import EventError
 from service.metrics.ir import MetricKey
 from service.stream.audit_join import AuditRequest
 from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.publisher")
-
-MAX_DEAD_LETTER_BYTES = 512 * 1024
-"""Larger bad records are cut (header ``truncated_from``) to stay below the broker limit."""
-TRANSACTION_WAIT_MS = 30_000
-"""How long one transactional request may take before the transaction is given up."""
-REPLACE_WAIT_S = 300.0
-"""How long replacing the producer (the broker may be away) is retried before giving up."""
-PRODUCER_BATCH_BYTES = 256 * 1024
-"""The producer's ``batch_size``: window records (a few KB each) are sent in bursts as
-windows close, and kafka-python's default of 16 KB made a produce batch (and its
-bookkeeping in the sender thread) of every three or four of them."""
-PRODUCER_MAX_BLOCK_MS = 60_000
-"""The producer's ``max_block_ms``: the bound of ``init_transactions`` and of a send
-waiting for metadata or buffer space."""
-
-Offsets = Mapping[Any, Any]
-"""``TopicPartition`` -> ``OffsetAndMetadata``."""
-Headers = list[tuple[str, bytes]]
-
-
-class CommitError(Exception):
-    """A commit did not complete: what was sent since the last commit may not be durable."""
-
-
-class UnansweredError(CommitError):
-    """A transactional request got no answer in time: its outcome on the broker is unknown."""
-
-
-class Transport(Protocol):
-    """What the publishers need of a producer."""
-
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        """Queue one record (in the open transaction, if any)."""
-
-    def flush(self) -> None:
-        """Wait until every queued record is acknowledged."""
-
-    def begin(self) -> None:
-        """Open a transaction."""
-
-    def add_offsets(self, offsets: Offsets, group_metadata: Any, timeout_ms: int) -> None:
-        """Add consumer offsets to the open transaction; raise UnansweredError after the wait."""
-
-    def commit(self, timeout_ms: int) -> None:
-        """Commit the open transaction; raise UnansweredError after the wait."""
-
-    def abort(self, timeout_ms: int) -> None:
-        """Abort the open transaction; raise UnansweredError after the wait."""
-
-    def discard(self) -> None:
-        """Stop at once, dropping what was not sent (the transport is not used again)."""
-
-    def close(self) -> None:
-        """Flush and close."""
-
-
-class Committer(Protocol):
-    """What committing needs of the consumer."""
-
-    def group_metadata(self) -> Any:
-        """The group generation, for ``send_offsets_to_transaction`` (fencing)."""
-
-    def commit(self, offsets: Offsets) -> None:
-        """Commit offsets synchronously (at-least-once mode)."""
-
-
-class KafkaTransport:
-    """A :class:`Transport` over kafka-python's ``KafkaProducer``, every wait bounded.
-
-    ``KafkaProducer``'s own transactional methods wait without a limit: after a broker
-    was killed a request could wait for ever, and the service with it.
-    """
-
-    def __init__(self, config: dict[str, Any]) -> None:
-        self.producer = KafkaProducer(**config)
-        self.transactional = "transactional_id" in config
-        if self.transactional:
-            try:
-                self.producer.init_transactions()  # bounded by max_block_ms
-            except KafkaError:
-                self.producer.close(timeout=0)  # nothing sent yet: stops its threads
-                raise
-
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        """Queue one record."""
-        self.producer.send(topic, key=key, value=value, headers=headers)
-
-    def flush(self) -> None:
-        """Wait for every queued record."""
-        self.producer.flush()
-
-    def begin(self) -> None:
-        """Open a transaction."""
-        self.producer.begin_transaction()
-
-    def _wait(self, what: str, pending: compat.Pending, timeout_ms: int) -> None:
-        compat.wake_sender(self.producer)
-        if not pending.wait(timeout_ms=timeout_ms):
-            raise UnansweredError(f"{what} not answered within {timeout_ms} ms")
-
-    def add_offsets(self, offsets: Offsets, group_metadata: Any, timeout_ms: int) -> None:
-        """Add the offsets to the open transaction, waiting at most ``timeout_ms``."""
-        pending = compat.send_offsets(self.producer, offsets, group_metadata)
-        self._wait("send_offsets_to_transaction", pending, timeout_ms)
-
-    def commit(self, timeout_ms: int) -> None:
-        """Commit the open transaction, waiting at most ``timeout_ms``."""
-        self._wait("commit_transaction", compat.begin_commit(self.producer), timeout_ms)
-
-    def abort(self, timeout_ms: int) -> None:
-        """Abort the open transaction, waiting at most ``timeout_ms``."""
-        self._wait("abort_transaction", compat.begin_abort(self.producer), timeout_ms)
-
-    def discard(self) -> None:
-        """Stop the sender now and close, dropping what it has not sent."""
-        compat.stop_sender(self.producer)
-        try:
-            self.producer.close(timeout=0)
-        except KafkaError as error:
-            log.warning("closing the old producer failed: %s", error)
-
-    def close(self) -> None:
-        """Flush and close the producer."""
-        self.producer.close()
-
-
-def producer_config(
-    client: dict[str, Any], *, transactional: bool, transactional_id: str
-) -> dict[str, Any]:
-    """The publisher's producer settings (the same transactional id after every restart)."""
-    extra: dict[str, Any] = {}
-    if transactional:
-        # The same id after a restart fences the crashed process and aborts its open
-        # transaction at once (a new id would block read_committed readers until the old
-        # transaction times out).
-        extra = {
-            "transactional_id": transactional_id,
-            "enable_idempotence": True,
-            "transaction_timeout_ms": 60_000,
-        }
-    return {
-        **client,
-        "acks": "all",
-        "linger_ms": 20,
-        "batch_size": PRODUCER_BATCH_BYTES,
-        "max_block_ms": PRODUCER_MAX_BLOCK_MS,
-        "client_id": "retrieval-monitor-publisher",
-        **compat.NO_CLIENT_METRICS,
-        **extra,
-    }
 
 
 class Publisher(ABC):
@@ -202,9 +63,18 @@ class Publisher(ABC):
         """Where each window's labels output goes with it (None: that output is off)."""
         self.audit_topic: str | None = None
         """Where the audit sample's requests go (``AUDIT_TOPIC``; None: nowhere)."""
+        self.audit_state_topic: str | None = None
+        """Where the audit joins' state goes (``AUDIT_STATE_TOPIC``; None: auditing off)."""
 
     @abstractmethod
-    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        partition: int | None = None,
+    ) -> None:
         """Send one record (in the open transaction, if any)."""
 
     def dead_letter(self, record: Any, error: EventError) -> None:
@@ -245,6 +115,17 @@ class Publisher(ABC):
                 record = orjson.dumps(request.to_record())
                 self._send(topic, request.query_id.encode(), record, [])
 
+    def audit_state(self, changes: Mapping[int, Mapping[str, AuditRequest | None]]) -> None:
+        """Send the audit state records that changed, each to its input partition's
+        partition of the state topic (None: a tombstone, the request is forgotten)."""
+        topic = self.audit_state_topic
+        if topic is None:
+            return
+        for partition, requests in changes.items():
+            for query_id, request in requests.items():
+                value = None if request is None else orjson.dumps(request.to_state())
+                self._send(topic, query_id.encode(), value, [], partition)
+
     @abstractmethod
     def commit(self, offsets: Offsets, consumer: Committer) -> None:
         """Make everything sent so far durable together with ``offsets``.
@@ -272,8 +153,15 @@ class AtLeastOncePublisher(Publisher):
 
     transactional = False
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
-        self.transport.send(topic, key, value, headers)
+    def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        partition: int | None = None,
+    ) -> None:
+        self.transport.send(topic, key, value, headers, partition)
 
     def commit(self, offsets: Offsets, consumer: Committer) -> None:
         """Flush, then commit the offsets synchronously."""
@@ -304,9 +192,16 @@ class TransactionalPublisher(Publisher):
         self._unanswered = False
         """A transactional request was given up unanswered: its outcome is unknown."""
 
-    def _send(self, topic: str, key: bytes | None, value: bytes | None, headers: Headers) -> None:
+    def _send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        partition: int | None = None,
+    ) -> None:
         self._begin()
-        self.transport.send(topic, key, value, headers)
+        self.transport.send(topic, key, value, headers, partition)
 
     def _begin(self) -> None:
         if not self._open:

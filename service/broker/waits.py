@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from service.broker.commits import COMMITTED_WAIT_MS
 from service.broker.hanging import LAST_COMMITTED_WAIT_MS
-from service.broker.publisher import PRODUCER_MAX_BLOCK_MS, REPLACE_WAIT_S, TRANSACTION_WAIT_MS
+from service.broker.transport import PRODUCER_MAX_BLOCK_MS, REPLACE_WAIT_S, TRANSACTION_WAIT_MS
 from service.config import Settings
 
 POLL_ALLOWANCE_MS = 120_000

@@ -99,6 +99,19 @@ class PipelineCollector(Collector):
         )
         yield _by_label("retrieval_evicted", "State dropped at the caps.", "kind", c.evicted)
         yield _by_label(
+            "retrieval_audits",
+            "Audit events by outcome when their window closed (counted, replaced, "
+            "outside_sample, no_query, too_late, other_judge); per replica.",
+            "outcome",
+            c.audits,
+        )
+        outside = CounterMetricFamily(
+            "retrieval_audit_outside_sample",
+            "Audits of queries outside the audit sample (used for judge agreement only).",
+        )
+        outside.add_metric([], c.audits["outside_sample"])
+        yield outside
+        yield _by_label(
             "retrieval_label_overflow",
             "Label values replaced by 'other' at the cap.",
             "label",

@@ -150,7 +150,13 @@ class AuditRequest:
 class AuditJoin:
     """The audit state of one partition (see the module docstring)."""
 
-    def __init__(self, config: AuditConfig, ks: Sequence[int], window_ms: int) -> None:
+    def __init__(
+        self,
+        config: AuditConfig,
+        ks: Sequence[int],
+        window_ms: int,
+        counts: Counter[str] | None = None,
+    ) -> None:
         self.config = config
         self.ks = tuple(ks)
         self.window_ms = window_ms
@@ -163,7 +169,7 @@ class AuditJoin:
         self._expiry: deque[tuple[int, str]] = deque()
         self.open: dict[int, list[tuple[int, AuditEvent]]] = {}
         """Audit window start -> its audits (offset, event) in arrival order."""
-        self.counts: Counter[str] = Counter()
+        self.counts: Counter[str] = counts if counts is not None else Counter()
         """Audits by outcome: counted, replaced, outside_sample, no_query, other_judge."""
         self.changed: dict[str, AuditRequest | None] | None = None
         """Requests made, changed or forgotten (None) since :meth:`take_changes`: the

@@ -15,6 +15,7 @@ import numpy as np
 from service.audit.estimate import AuditSums
 from service.errors import EventError
 from service.metrics.ir import MetricKey
+from service.stream.audit_join import AuditRequest
 from service.stream.counters import Counts
 from service.stream.events import AuditEvent
 from service.stream.guard import timestamp_refusal
@@ -160,3 +161,44 @@ def _merged(
     for key, sums in b.items():
         merged[key] = merged[key] + sums if key in merged else sums
     return merged
+
+
+class AuditDoors:
+    """The pipeline's doors to the audit joins of its partitions (the edges never touch
+    the joins' state): the requests made, the state changed, the state read back."""
+
+    streams: dict[int, PartitionStream]
+    audit_requests: list[AuditRequest] | None
+
+    def keep_audit_requests(self, into: list[AuditRequest]) -> None:
+        """Append the audit requests of every partition, assigned now or later, to ``into``
+        as they are made (``replay --audit-requests-out``, ``AUDIT_TOPIC``; nothing while
+        auditing is off)."""
+        self.audit_requests = into
+        for stream in self.streams.values():
+            if stream.audits is not None:
+                stream.audits.requests = into
+
+    def take_audit_requests(self) -> list[AuditRequest]:
+        """The audit requests made since the last call (kept only after
+        :meth:`keep_audit_requests`)."""
+        if not self.audit_requests:
+            return []
+        taken = list(self.audit_requests)
+        self.audit_requests.clear()  # (the same list: every partition appends to it)
+        return taken
+
+    def audit_changes(self) -> dict[int, dict[str, AuditRequest | None]]:
+        """Per partition, the audit requests made, changed or forgotten (None) since the
+        last call: the audit state records to write with the windows just closed."""
+        return {
+            p: stream.audits.take_changes()
+            for p, stream in self.streams.items()
+            if stream.audits is not None and stream.audits.changed
+        }
+
+    def load_audits(self, partition: int, requests: Iterable[AuditRequest]) -> None:
+        """A partition taken over holds the requests of its audit state (read back)."""
+        audits = self.streams[partition].audits
+        if audits is not None:
+            audits.load(requests)

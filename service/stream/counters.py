@@ -33,6 +33,9 @@ class Counts:
     windows_published: int = 0
     published: dict[tuple[str, str], MetricAggregates] = field(default_factory=dict)
     first_seen_ms: dict[str, int] = field(default_factory=dict)
+    audits: Counter[str] = field(default_factory=Counter)
+    """Audits by outcome at their window's close: counted, replaced, outside_sample,
+    no_query, too_late, other_judge (a window closed again after a restart counts again)."""
 
     def add_published(self, retriever: str, segment: str, metrics: MetricAggregates) -> None:
         """Fold a published window's aggregates into the cumulative summaries."""

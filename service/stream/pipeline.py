@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from service.errors import EventError
 from service.metrics.ir import DEFAULT_KS, metric_keys
 from service.stream.audit_join import AuditConfig, AuditJoin, AuditRequest
-from service.stream.audit_step import close_audits, has_audits, take_with_audits
+from service.stream.audit_step import AuditDoors, close_audits, has_audits, take_with_audits
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
 from service.stream.finalise import finalise
@@ -47,7 +47,7 @@ class PipelineConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
 
 
-class Pipeline:
+class Pipeline(AuditDoors):
     """All partitions assigned to this process and their counters."""
 
     def __init__(
@@ -76,6 +76,8 @@ class Pipeline:
         self._confirmed_check = 100_000
         self.audit_requests: list[AuditRequest] | None = None
         """Where every partition's audit requests go as they are made (None: nowhere)."""
+        self.audit_state = False
+        """Whether the audit joins keep their changes for the audit state topic (``run``)."""
         """Whether the audit joins keep their changes for the audit state topic (``run``)."""
         self.intake = Intake(
             now_ms=now_ms,
@@ -124,8 +126,10 @@ class Pipeline:
             closed_through_ms=closed_through_ms,
         )
         if self.config.audit.rate > 0:
-            stream.audits = AuditJoin(self.config.audit, self.config.ks, self.config.join.window_ms)
+            audit, join = self.config.audit, self.config.join
+            stream.audits = AuditJoin(audit, self.config.ks, join.window_ms, self.counts.audits)
             stream.audits.requests = self.audit_requests
+            stream.audits.changed = {} if self.audit_state else None
         self.streams[partition] = stream  # (revoke above forgot the closed boundary)
         return stream
 
@@ -154,24 +158,6 @@ class Pipeline:
             stream.count_from(counted)
         for topic in TOPICS:
             stream.set_backlog(topic, True)
-
-    def keep_audit_requests(self, into: list[AuditRequest]) -> None:
-        """Append the audit requests of every partition, assigned now or later, to ``into``
-        as they are made (``replay --audit-requests-out``, ``AUDIT_TOPIC``; nothing while
-        auditing is off)."""
-        self.audit_requests = into
-        for stream in self.streams.values():
-            if stream.audits is not None:
-                stream.audits.requests = into
-
-    def take_audit_requests(self) -> list[AuditRequest]:
-        """The audit requests made since the last call (kept only after
-        :meth:`keep_audit_requests`)."""
-        if not self.audit_requests:
-            return []
-        taken = list(self.audit_requests)
-        self.audit_requests.clear()  # (the same list: every partition appends to it)
-        return taken
 
     def partitions(self) -> list[int]:
         """The partitions assigned here."""

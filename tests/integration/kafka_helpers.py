@@ -55,6 +55,11 @@ class Topics:
         run never reads back another run's decisions."""
         return f"{self.windows}.regressions"
 
+    @property
+    def audit_state(self) -> str:
+        """The audit state topic (the service makes it): one per windows topic too."""
+        return f"{self.windows}.audit-state"
+
     def env(self) -> dict[str, str]:
         return {
             "RETRIEVAL_MONITOR_KAFKA_BOOTSTRAP_SERVERS": self.bootstrap,
@@ -62,6 +67,7 @@ class Topics:
             "RETRIEVAL_MONITOR_FEEDBACK_TOPIC": self.feedback,
             "RETRIEVAL_MONITOR_WINDOWS_TOPIC": self.windows,
             "RETRIEVAL_MONITOR_REGRESSIONS_TOPIC": self.regressions,
+            "RETRIEVAL_MONITOR_AUDIT_STATE_TOPIC": self.audit_state,
             "RETRIEVAL_MONITOR_DEADLETTER_TOPIC": self.deadletter,
             "RETRIEVAL_MONITOR_GROUP_ID": self.group,
         }
@@ -410,7 +416,11 @@ def traffic(seed: int, hours: float = 1.5, queries_per_hour: float = 2400) -> li
 
 def expected_windows(events: list[SimEvent]) -> dict[str, ClosedWindow]:
     queries = [query_from(e.event) for e in events if e.topic == "queries"]
-    feedback = [feedback_from(e.event) for e in events if e.topic == "feedback"]
+    feedback = [  # (audits are never live labels)
+        feedback_from(e.event)
+        for e in events
+        if e.topic == "feedback" and e.event.get("signal") != "audit"
+    ]
     mapping = {q.query_id: partition_of(q.query_id) for q in queries}
     return evaluate_event_log(queries, feedback, partition_of=mapping)
 

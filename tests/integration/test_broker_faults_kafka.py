@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from kafka.admin import KafkaAdminClient
 
-from service.broker.publisher import TRANSACTION_WAIT_MS
+from service.broker.transport import TRANSACTION_WAIT_MS
 from tests.integration.conftest import create_topics
 from tests.integration.kafka_helpers import (
     FAST,

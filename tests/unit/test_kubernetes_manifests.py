@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from service.broker import waits
-from service.broker.publisher import TRANSACTION_WAIT_MS
+from service.broker.transport import TRANSACTION_WAIT_MS
 from service.commands.cli import build_parser
 from service.config import ENV_PREFIX, SETTINGS, Settings
 from service.core.monitor import Monitor, MonitorConfig

@@ -20,8 +20,10 @@ from service.metrics.ir import compute_metrics, judge_batch, metric_keys
 from service.replay import replay
 from service.sim.simulator import SimQuery, SimulationConfig, simulate_queries
 from service.stream.audit_join import AuditConfig, AuditRequest
+from service.stream.events import audit_from, feedback_from, query_from
 from service.stream.labels import LabelPolicy
 from service.stream.pipeline import PipelineConfig
+from service.stream.reference import audit_totals
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS, rfc3339_millis
 
@@ -145,6 +147,13 @@ def test_audit_aggregates_equal_the_offline_computation(tmp_path: Path, reader: 
     assert errors == ""
     assert sum(w.audited for w in windows) == len(audits) > 50
     assert _window_sums(windows) == _offline_sums(queries)
+    events = [e for q in queries for e in q.events]
+    assert _window_sums(windows) == audit_totals(  # (the reference the Kafka tests use)
+        [query_from(e.event) for e in events if e.topic == "queries"],
+        [feedback_from(e.event) for e in events if e.topic == "feedback"],  # type: ignore[misc]
+        [audit_from(a) for _, a in audits],
+        rate=RATE,
+    )
     # the requests: one per sampled query, its results and live grades
     by_id = {q.query_id: q for q in queries}
     assert sorted(r.query_id for r in requests) == sorted(a["query_id"] for _, a in audits)

@@ -70,7 +70,14 @@ class FakeTransport:
         self.pending: list[tuple[str, bytes | None, bytes | None]] = []
         self.pending_offsets: dict[TopicPartition, OffsetAndMetadata] = {}
 
-    def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
+    def send(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Any,
+        partition: int | None = None,
+    ) -> None:
         (self.pending if self.transactional else self.broker.records).append((topic, key, value))
 
     def flush(self) -> None:
