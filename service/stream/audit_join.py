@@ -39,6 +39,7 @@ from service.audit.estimate import AuditSums
 from service.audit.sample import sample_threshold
 from service.errors import EventError
 from service.metrics.ir import MetricKey, compute_metrics, judge_batch
+from service.stream.agreement import LIVE, delta
 from service.stream.events import AuditEvent
 from service.times import duration_field
 
@@ -147,6 +148,32 @@ class AuditRequest:
         return record
 
 
+@dataclass(slots=True)
+class AuditClose:
+    """What the audits of one closing audit window add to one slice: the audits counted,
+    their sums per metric, and the judge agreement tables per pair."""
+
+    audited: int = 0
+    sums: dict[MetricKey, AuditSums] = field(default_factory=dict)
+    judges: dict[str, list[int]] = field(default_factory=dict)
+
+    def agree(self, request: AuditRequest, offset: int, judge: str, grades: dict[str, int]) -> None:
+        """Add what an audit (at ``offset``) changes in its judge's pairs: with every other
+        judge's last audit before it, and with the live labels."""
+        last: dict[str, dict[str, int]] = {}
+        for o, j, g in request.applied:
+            if o < offset:
+                last[j] = g
+        old = last.pop(judge, None)
+        live = dict.fromkeys(request.results, 0)
+        live.update(request.live_grades)
+        for other, theirs in (*last.items(), (LIVE, live)):
+            name, change = delta(judge, grades, old, other, theirs)
+            current = self.judges.setdefault(name, [0, 0, 0, 0])
+            for i, value in enumerate(change):
+                current[i] += value
+
+
 class AuditJoin:
     """The audit state of one partition (see the module docstring)."""
 
@@ -253,14 +280,15 @@ class AuditJoin:
         offsets = [o for audits in self.open.values() for o, _ in audits]
         return min(offsets) if offsets else None
 
-    def close(self, limit: int) -> dict[AuditKey, tuple[int, dict[MetricKey, AuditSums]]]:
+    def close(self, limit: int) -> dict[AuditKey, AuditClose]:
         """Close the audit windows starting at or before ``limit`` (as the live ones);
-        return per (retriever, segment, window start) the audits counted and their sums."""
+        return per (retriever, segment, window start) the audits counted, their sums and
+        the judge agreement they add."""
         starts = sorted(s for s in self.open if s <= limit)
-        out: dict[AuditKey, tuple[int, dict[MetricKey, AuditSums]]] = {}
+        out: dict[AuditKey, AuditClose] = {}
         for start in starts:
             audits = self.open.pop(start)
-            matched = self._match(audits)
+            matched = self._match(audits, start, out)
             if not matched:
                 continue
             values = self._true_values(matched, [grades for _, _, _, grades in matched])
@@ -272,24 +300,23 @@ class AuditJoin:
             before = self._true_values(replaced, earlier) if replaced else None
             row_before = 0
             for row, (_, request, old, _) in enumerate(matched):
-                key = (request.retriever, request.segment, start)
-                count, sums = out.get(key, (0, {}))
+                closing = out.setdefault((request.retriever, request.segment, start), AuditClose())
+                sums = closing.sums
                 for metric, new in self._contribution(request, values, row).items():
                     sums[metric] = sums.get(metric, AuditSums()) + new
-                count += 1
+                closing.audited += 1
                 if old is not None and before is not None:  # the judge's earlier audit goes
                     for metric, gone in self._contribution(request, before, row_before).items():
                         sums[metric] = sums[metric] - gone
                     row_before += 1
-                    count -= 1
+                    closing.audited -= 1
                     self.counts["replaced"] += 1
-                out[key] = (count, sums)
                 self.counts["counted"] += 1
                 self._note(request.query_id, request)
         return out
 
     def _match(
-        self, audits: list[tuple[int, AuditEvent]]
+        self, audits: list[tuple[int, AuditEvent]], start: int, out: dict[AuditKey, AuditClose]
     ) -> list[tuple[AuditEvent, AuditRequest, dict[str, int] | None, dict[str, int]]]:
         """The audits of a closing window that count, each with its request, the grades of
         the same judge's audit it replaces (None: its first) and its own grades; the
@@ -304,6 +331,8 @@ class AuditJoin:
             if event.timestamp_ms > request.ts_ms + self.config.window_ms:
                 self.counts["too_late"] += 1  # (its query was final only after it came)
                 continue
+            closing = out.setdefault((request.retriever, request.segment, start), AuditClose())
+            closing.agree(request, offset, event.judge, event.grades)
             old = request.apply(offset, event.judge, event.grades)
             self._note(request.query_id, request)
             if event.judge != request.judge(self.config.judge):

@@ -142,14 +142,19 @@ def close_audits(
         wm = stream.watermark_ms
         window_ms = stream.config.window_ms
         limit = wm - attribution_ms - window_ms
-        for (retriever, segment, start), (audited, sums) in audits.close(limit).items():
+        for (retriever, segment, start), closing in audits.close(limit).items():
             ident = (retriever, segment, start, stream.partition)
             window = out.get(ident)
             if window is None:
                 window = ClosedWindow(
                     retriever, segment, stream.partition, start, start + window_ms, 0, 0
                 )
-            out[ident] = replace(window, audit=_merged(window.audit, sums), audited=audited)
+            out[ident] = replace(
+                window,
+                audit=_merged(window.audit, closing.sums),
+                audited=closing.audited,
+                judges={k: tuple(v) for k, v in closing.judges.items() if any(v)},
+            )
         audits.expire(wm)
     return list(out.values())
 

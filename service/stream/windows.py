@@ -66,6 +66,10 @@ class ClosedWindow:
     """The audits whose own time falls in this window, of queries of this slice: per
     metric key the audited sums (:mod:`service.audit.estimate`)."""
     audited: int = 0
+    judges: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    """Judge agreement added by the audits of this window: per pair (``"a|b"``, or
+    ``"a|live"``) the table (both relevant, only a, only b, neither) on the chunks both
+    graded (:mod:`service.stream.agreement`)."""
     """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
     its earlier one: counted -1 then +1)."""
 
@@ -109,6 +113,7 @@ class ClosedWindow:
             "audit": {
                 "audited": self.audited,
                 "metrics": {key: sums.to_record() for key, sums in self.audit.items()},
+                "judges": {pair: list(table) for pair, table in self.judges.items()},
             },
         }
 
@@ -176,11 +181,14 @@ class _ExactRecord(msgspec.Struct, gc=False):
 def _audit_of(record: Mapping[str, Any] | None) -> dict[str, Any]:
     """A window record's ``audit`` object as :class:`ClosedWindow` fields (none: no audits,
     or a record from before audits were kept)."""
-    if not record or not record.get("metrics"):
+    if not record or not (record.get("metrics") or record.get("judges")):
         return {}
     return {
         "audited": int(record.get("audited", 0)),
         "audit": {key: AuditSums.from_record(v) for key, v in record["metrics"].items()},
+        "judges": {
+            pair: tuple(int(n) for n in table) for pair, table in record.get("judges", {}).items()
+        },
     }
 
 

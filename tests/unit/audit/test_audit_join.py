@@ -37,8 +37,8 @@ def _audit(grades: dict[str, int], minutes: int, judge: str = "human") -> AuditE
 
 def _close_all(join: AuditJoin) -> dict[str, AuditSums]:
     out: dict[str, AuditSums] = {}
-    for (_, _, _), (_, sums) in join.close(1 << 62).items():
-        for key, value in sums.items():
+    for closing in join.close(1 << 62).values():
+        for key, value in closing.sums.items():
             out[key] = out[key] + value if key in out else value
     return out
 
@@ -117,3 +117,38 @@ def test_an_audit_of_a_query_outside_the_sample_changes_nothing() -> None:
     assert _close_all(join) == {}
     assert join.counts["outside_sample"] == 1
     assert math.isclose(AuditSums.of(0.5, 1, 0.5, 1).mean("y"), 0.5)
+
+
+def test_agreement_counts_each_pair_on_the_chunks_both_graded() -> None:
+    join = _join()
+    _held(join)  # results a..e; live: a click on b
+    join.audit(10, _audit({"a": 0, "b": 2, "z": 3}, 60, "human"))
+    join.audit(11, _audit({"a": 1, "b": 2, "c": 0}, 61, "llm"))
+    tables: dict[str, list[int]] = {}
+    for closing in join.close(1 << 62).values():
+        for name, table in closing.judges.items():
+            tables[name] = [x + y for x, y in zip(tables.get(name, [0] * 4), table, strict=True)]
+    # human vs llm on a, b: a (no, yes) -> only the second; b both
+    assert tables["human|llm"] == [1, 0, 1, 0]
+    # human vs live on a, b (z was never retrieved nor signalled): b both, a neither
+    assert tables["human|live"] == [1, 0, 0, 1]
+    # llm vs live on a, b, c: a only llm, b both, c neither
+    assert tables["llm|live"] == [1, 1, 0, 1]
+    # the human audits again, calling a relevant: its pairs move by the difference only
+    join.audit(12, _audit({"a": 1, "b": 2}, 62, "human"))
+    again = join.close(1 << 62)
+    (closing,) = again.values()
+    assert closing.judges["human|llm"] == [1, 0, -1, 0]  # a: from (no, yes) to (yes, yes)
+    assert closing.judges["human|live"] == [0, 1, 0, -1]  # a: from neither to only human
+
+
+def test_kappa_of_a_known_table() -> None:
+    from service.stream.agreement import kappa
+
+    n, agreement, k = kappa((40, 10, 5, 45))
+    assert n == 100
+    assert agreement == 0.85
+    assert k is not None
+    assert math.isclose(k, 0.7)  # chance: 0.5 * 0.45 + 0.5 * 0.55 = 0.5
+    assert kappa((0, 0, 0, 0)) == (0, None, None)
+    assert kappa((0, 0, 0, 7)) == (7, 1.0, None)  # (both always say no: kappa undefined)
