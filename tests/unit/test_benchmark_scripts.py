@@ -152,3 +152,26 @@ def test_recovery_bound_runs_and_a_big_drop_closes_as_recovered() -> None:
     assert big[2].strip() == "1/1"  # it opened
     assert big[6].strip() == "1/1"  # and closed as recovered
     assert 0 < float(big[4]) < 2 * float(big[3])  # near the stated time
+
+
+def test_bench_audit_cost_runs_and_prints_its_figures() -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "bench_audit_cost.py"),
+            "--hours",
+            "0.5",
+            "--repeat",
+            "1",
+            "--held",
+            "500",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 0")]
+    assert [row[0].strip() for row in rows] == ["0", "0.01", "0.05"]
+    assert float(rows[0][3]) == 1.0  # (the baseline against itself)
+    assert figure(out, "memory per held request:") > 500  # (20 chunk ids alone take more)
