@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 
+from service.core.judges import JudgeBook
 from service.detect.detector import Detector
 from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow, ClosedWindows, WindowIdent
@@ -54,6 +55,8 @@ class WindowView:
             raise ValueError("a local view needs the pipeline's watermark, a global one none")
         self.mode = mode
         self.closed = ClosedWindows(window_ms, max(rolling_ms))
+        self.judges = JudgeBook(window_ms, max(rolling_ms))
+        """Judge agreement of the windows, for the same spans as the rolling views."""
         self.rolling_ms = rolling_ms
         self.detector = detector
         self._watermark_ms = watermark_ms
@@ -134,6 +137,7 @@ class WindowView:
             self._seen = {k: end for k, end in self._seen.items() if end >= horizon}
             self._check = max(100_000, 2 * len(self._seen))
         self.closed.add(new)
+        self.judges.add(new)
         self.detector.add(new)
 
     def advance(self, closed_through_ms: int) -> object:

@@ -133,7 +133,7 @@ class Detector:
     def add(self, windows: Iterable[ClosedWindow]) -> None:
         """Merge closed windows (any partition, any order; a repeat replaces its copy)."""
         metrics, share = self.config.metrics, self.config.labelled_share
-        for w in windows:
+        for w in (w for w in windows if w.queries):  # (a window of audits only: no values)
             key = (w.retriever, w.segment)
             series = self._series.get(key)
             if series is None:

@@ -23,6 +23,7 @@ from service.core.state import ServiceState
 from service.http.deps import State, since_param, span_ms
 from service.http.exporter import build_registry
 from service.http.health import broker_unready, liveness
+from service.http.judges import router as judges_router
 from service.http.regressions import router as regressions_router
 from service.metrics.aggregates import Moments
 from service.stream.windows import SliceTotals
@@ -103,6 +104,8 @@ ROUTES = {
     "/api/v1/regressions": "the open regressions (state=open|closed|all, since=)",
     "/api/v1/tests": "every comparison the detector holds, running or not and why not "
     "(retriever=, segment=)",
+    "/api/v1/judges?window=24h": "judge agreement: each pair of judges, and each judge against "
+    "the live labels (count, agreement, Cohen's kappa)",
     "/docs": "the OpenAPI documentation of the API",
 }
 """What ``GET /`` links."""
@@ -220,5 +223,6 @@ def create_app(state: ServiceState) -> FastAPI:
             ]
         return WindowsResponse(windows=out)
 
-    app.include_router(regressions_router)
+    for router in (regressions_router, judges_router):
+        app.include_router(router)
     return app
