@@ -102,12 +102,9 @@ class Settings(BaseSettings):
     audit_rate: float = Field(default_of(AuditConfig, "rate"), ge=0.0, le=1.0)
     """The audit sample's share of queries (0 turns auditing off)."""
     audit_window_ms: PositiveDuration = ms_setting("audit_window", AuditConfig, "window_ms")
-    audit_judge: str | None = None
-    """The judge whose audits the estimates use; unset: the first to audit a query."""
-    audit_topic: str | None = None
-    """Where audit requests are published (unset: nowhere)."""
-    audit_state_topic: str = "retrieval.audit-state"
-    """The audit joins' state (compacted; made by the service when missing)."""
+    audit_judge: str | None = None  # (whose audits count; unset: the first judge's)
+    audit_topic: str | None = None  # (where the audit requests go; unset: nowhere)
+    audit_state_topic: str = "retrieval.audit-state"  # (compacted; made when missing)
     context_size: int = Field(5, ge=1)
     """How many results reach the model; the detector watches recall and hit rate at it."""
     regression_metrics: MetricNames = ()
