@@ -1,4 +1,6 @@
-"""HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows.
+"""HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows
+(the detector's routes: :mod:`service.http.regressions`; the audited estimates:
+:mod:`service.http.estimates`).
 
 Built by an app factory around a :class:`~service.core.state.ServiceState`; handlers read
 the pipeline under its lock and copy what they need, so a slow client never holds the
@@ -21,6 +23,7 @@ from pydantic import BaseModel
 from service import __version__
 from service.core.state import ServiceState
 from service.http.deps import State, since_param, span_ms
+from service.http.estimates import router as estimates_router
 from service.http.exporter import build_registry
 from service.http.health import broker_unready, liveness
 from service.http.regressions import router as regressions_router
@@ -103,6 +106,8 @@ ROUTES = {
     "/api/v1/regressions": "the open regressions (state=open|closed|all, since=)",
     "/api/v1/tests": "every comparison the detector holds, running or not and why not "
     "(retriever=, segment=)",
+    "/api/v1/estimates?window=24h": "audited estimates of the true metrics beside the live "
+    "ones, with 95% intervals (retriever=, segment=, metric=)",
     "/docs": "the OpenAPI documentation of the API",
 }
 """What ``GET /`` links."""
@@ -116,8 +121,7 @@ def create_app(state: ServiceState) -> FastAPI:
         description="Live retrieval quality (recall@k, hit rate, MRR, nDCG) from Kafka.",
     )
     app.state.service = state
-    registry = build_registry(state)
-    app.state.registry = registry
+    app.state.registry = registry = build_registry(state)
 
     @app.get("/", include_in_schema=False)
     def index(request: Request) -> Response:
@@ -221,4 +225,5 @@ def create_app(state: ServiceState) -> FastAPI:
         return WindowsResponse(windows=out)
 
     app.include_router(regressions_router)
+    app.include_router(estimates_router)
     return app

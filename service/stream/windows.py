@@ -198,17 +198,39 @@ def _parse_ms(text: str) -> int:
 
 @dataclass(slots=True)
 class SliceTotals:
-    """Merged aggregates of several windows of one (retriever, segment)."""
+    """Merged aggregates of several windows of one (retriever, segment): the live ones,
+    and what the audited estimates need besides (:func:`service.audit.book.estimates`
+    reads these totals as it reads windows)."""
 
     queries: int = 0
     labelled: int = 0
     metrics: MetricAggregates = field(default_factory=dict)
+    context_queries: int = 0
+    audit: dict[MetricKey, AuditSums] = field(default_factory=dict)
+    """Per metric key, the audited sums of the windows merged (exact, as theirs)."""
 
-    def add(self, queries: int, labelled: int, metrics: Mapping[str, Moments]) -> None:
-        """Merge one more window in."""
+    def add(
+        self,
+        queries: int,
+        labelled: int,
+        metrics: Mapping[str, Moments],
+        context_queries: int = 0,
+        audit: Mapping[MetricKey, AuditSums] | None = None,
+    ) -> None:
+        """Merge one more window in (or the totals of several)."""
         self.queries += queries
         self.labelled += labelled
         merge_into(self.metrics, metrics)  # in place: a view takes many windows one at a time
+        self.context_queries += context_queries
+        if audit:
+            mine = self.audit
+            for key, sums in audit.items():
+                held = mine.get(key)
+                mine[key] = sums if held is None else held + sums
+
+    def merge(self, other: SliceTotals) -> None:
+        """Merge the totals of other windows in: every field, exactly."""
+        self.add(other.queries, other.labelled, other.metrics, other.context_queries, other.audit)
 
     @property
     def unlabelled_ratio(self) -> float | None:
@@ -232,7 +254,7 @@ class ClosedWindows:
         self._views.clear()
         for w in windows:
             totals = self._by_key.setdefault((w.retriever, w.segment, w.start_ms), SliceTotals())
-            totals.add(w.queries, w.labelled, w.metrics)
+            totals.add(w.queries, w.labelled, w.metrics, w.context_queries, w.audit)
             if self._latest_end_ms is None or w.end_ms > self._latest_end_ms:
                 self._latest_end_ms = w.end_ms
         if self._latest_end_ms is not None:
@@ -258,8 +280,7 @@ class ClosedWindows:
         for (retriever, segment, start), totals in self._by_key.items():
             end = start + self.window_ms
             if until_ms - span_ms < end <= until_ms:
-                view = out.setdefault((retriever, segment), SliceTotals())
-                view.add(totals.queries, totals.labelled, totals.metrics)
+                out.setdefault((retriever, segment), SliceTotals()).merge(totals)
         self._views[cache_key] = out
         return out
 
