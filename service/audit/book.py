@@ -65,10 +65,11 @@ def slice_estimates(
     keys = tuple(metric_keys)
     totals: dict[tuple[str, str], _Totals] = {}
     for (retriever, own_segment), w in sliced:
+        metrics, audit = w.metrics, w.audit  # (once: merged totals build their audit map)
         for segment in (own_segment, POOLED):
             t = totals.setdefault((retriever, segment), _Totals())
             for key in keys:
-                moments = w.metrics.get(key)
+                moments = metrics.get(key)
                 n = w.context_queries if key == "context_precision" else w.queries
                 row = t.live.setdefault(key, [0, 0, 0, 0])
                 row[0] += n
@@ -76,7 +77,7 @@ def slice_estimates(
                     row[1] += moments.sum_fx
                     row[2] += moments.sum_sq_fx
                     row[3] += moments.count
-                sums = w.audit.get(key)
+                sums = audit.get(key)
                 if sums is not None:
                     t.audit[key] = t.audit[key] + sums if key in t.audit else sums
     out = {}

@@ -34,6 +34,7 @@ window's own aggregates: ``f g = f`` and ``g g = g`` there).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -58,15 +59,12 @@ class AuditSums:
     sums: tuple[int, ...] = (0,) * len(AUDIT_TERMS)
 
     def __add__(self, other: AuditSums) -> AuditSums:
-        return AuditSums(
-            self.n + other.n, tuple(a + b for a, b in zip(self.sums, other.sums, strict=True))
-        )
+        # (map over operator.add: half the time of a generator, and views merge many)
+        return AuditSums(self.n + other.n, tuple(map(operator.add, self.sums, other.sums)))
 
     def __sub__(self, other: AuditSums) -> AuditSums:
         """A retraction (a judge's later audit of a query replaces its earlier one)."""
-        return AuditSums(
-            self.n - other.n, tuple(a - b for a, b in zip(self.sums, other.sums, strict=True))
-        )
+        return AuditSums(self.n - other.n, tuple(map(operator.sub, self.sums, other.sums)))
 
     @classmethod
     def of(cls, y: float, a: float, f: float, g: float) -> AuditSums:
