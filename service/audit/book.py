@@ -19,22 +19,27 @@ POOLED = "*"
 """The segment of an estimate over every segment of a retriever."""
 
 
-class WindowSums(Protocol):
-    """What a closed window offers the estimates (``ClosedWindow`` has it)."""
+class SliceSums(Protocol):
+    """What the estimates read of a window, or of merged windows of one slice (a closed
+    window has it; so do a view's merged totals, ``SliceTotals``)."""
 
-    @property
-    def retriever(self) -> str: ...
-    @property
-    def segment(self) -> str: ...
     @property
     def queries(self) -> int: ...
     @property
     def context_queries(self) -> int: ...
     @property
     def metrics(self) -> Mapping[str, Any]: ...
-
     @property
     def audit(self) -> Mapping[str, AuditSums]: ...
+
+
+class WindowSums(SliceSums, Protocol):
+    """A closed window: its sums and its slice (``ClosedWindow`` has it)."""
+
+    @property
+    def retriever(self) -> str: ...
+    @property
+    def segment(self) -> str: ...
 
 
 @dataclass(slots=True)
@@ -48,13 +53,23 @@ def estimates(
     windows: Iterable[WindowSums], metric_keys: Iterable[str]
 ) -> dict[tuple[str, str, str], Estimate]:
     """(retriever, segment, metric) -> its estimate over ``windows`` (segment ``*``: pooled)."""
+    return slice_estimates((((w.retriever, w.segment), w) for w in windows), metric_keys)
+
+
+def slice_estimates(
+    sliced: Iterable[tuple[tuple[str, str], SliceSums]], metric_keys: Iterable[str]
+) -> dict[tuple[str, str, str], Estimate]:
+    """:func:`estimates` of sums that name their slice apart: ((retriever, segment), sums)
+    pairs, such as the items of a rolling view (windows already merged per slice). The
+    sums are exact integers, so any grouping of the same windows gives the same estimates."""
     keys = tuple(metric_keys)
     totals: dict[tuple[str, str], _Totals] = {}
-    for w in windows:
-        for segment in (w.segment, POOLED):
-            t = totals.setdefault((w.retriever, segment), _Totals())
+    for (retriever, own_segment), w in sliced:
+        metrics, audit = w.metrics, w.audit  # (once: merged totals build their audit map)
+        for segment in (own_segment, POOLED):
+            t = totals.setdefault((retriever, segment), _Totals())
             for key in keys:
-                moments = w.metrics.get(key)
+                moments = metrics.get(key)
                 n = w.context_queries if key == "context_precision" else w.queries
                 row = t.live.setdefault(key, [0, 0, 0, 0])
                 row[0] += n
@@ -62,7 +77,7 @@ def estimates(
                     row[1] += moments.sum_fx
                     row[2] += moments.sum_sq_fx
                     row[3] += moments.count
-                sums = w.audit.get(key)
+                sums = audit.get(key)
                 if sums is not None:
                     t.audit[key] = t.audit[key] + sums if key in t.audit else sums
     out = {}

@@ -34,10 +34,9 @@ window's own aggregates: ``f g = f`` and ``g g = g`` there).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-
-from service.errors import ConfigError
 
 SCALE = 1 << 52
 """Fixed-point units per 1 (as the window aggregates)."""
@@ -60,15 +59,12 @@ class AuditSums:
     sums: tuple[int, ...] = (0,) * len(AUDIT_TERMS)
 
     def __add__(self, other: AuditSums) -> AuditSums:
-        return AuditSums(
-            self.n + other.n, tuple(a + b for a, b in zip(self.sums, other.sums, strict=True))
-        )
+        # (map over operator.add: half the time of a generator, and views merge many)
+        return AuditSums(self.n + other.n, tuple(map(operator.add, self.sums, other.sums)))
 
     def __sub__(self, other: AuditSums) -> AuditSums:
         """A retraction (a judge's later audit of a query replaces its earlier one)."""
-        return AuditSums(
-            self.n - other.n, tuple(a - b for a, b in zip(self.sums, other.sums, strict=True))
-        )
+        return AuditSums(self.n - other.n, tuple(map(operator.sub, self.sums, other.sums)))
 
     @classmethod
     def of(cls, y: float, a: float, f: float, g: float) -> AuditSums:
@@ -141,15 +137,17 @@ class Estimate:
 
 def estimate(live: LiveSums, audit: AuditSums, tuned: bool = True) -> Estimate:
     """The prediction-powered estimate with its 95% interval (module docstring); without
-    audited queries (or none answerable) only ``observed`` is known. ``tuned=False``: the
+    audited queries (or none answerable, or more audited than finalised queries in the
+    span) only ``observed`` is known. ``tuned=False``: the
     plain PPI estimate (lambda 1)."""
     big_n, n = live.queries, audit.n
     observed = live.sum_fx / (SCALE * live.labelled) if live.labelled else None
     nothing = Estimate(observed, None, None, None, max(n, 0), big_n, None, n < FEW_AUDITED)
-    if big_n <= 0 or n <= 0:
+    if big_n <= 0 or n <= 0 or n > big_n:
+        # (more audits than queries: audits count in the window of their own time, so a
+        # short span can hold the audits of queries before it, of a version that has
+        # stopped serving; the audited are then no sample of the span's queries)
         return nothing
-    if n > big_n:
-        raise ConfigError(f"{n} audited queries but only {big_n} finalised ones")
     ef, eg = live.sum_fx / (SCALE * big_n), live.labelled / big_n
     eff = live.sum_sq_fx / (SCALE * big_n)
     m = {t: audit.mean(t) for t in AUDIT_TERMS}

@@ -6,20 +6,23 @@ idleness and the future-timestamp guard behave as they would live). A new retrie
 version with a quality drop is deployed part way, so a regression opens (``/metrics``,
 ``/api/v1/regressions``); near the end the old version is rolled back, so the regression,
 open until then, closes as ``rolled_back``. The terminal shows a compact live summary:
-the rolling metrics per version, then every regression, open or closed.
+the rolling metrics per version, then every regression, open or closed. The queries of
+the audit sample are audited by a careful judge an hour after they come
+(:mod:`service.commands.demo_audits`), so the audited estimates show beside the live values.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from service.commands.demo_audits import DEMO_JUDGE, with_audits
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.model import Regression
@@ -27,7 +30,13 @@ from service.http.app import create_app
 from service.http.server import serve_http, stop_on_signals
 from service.metrics.aggregates import merge
 from service.sim.shape import TrafficShape
-from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig, generate
+from service.sim.simulator import (
+    HYBRID_V7,
+    HYBRID_V8,
+    SimEvent,
+    SimulationConfig,
+    simulate_queries,
+)
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.topics import FEEDBACK, QUERIES
@@ -152,13 +161,13 @@ def _screen(monitor: Monitor, spans_ms: tuple[int, ...]) -> Group:
 def feed(
     pipeline: Pipeline,
     state: ServiceState,
-    config: SimulationConfig,
+    pending: Iterator[SimEvent],
     clock: Callable[[], int],
     stop: threading.Event,
 ) -> None:
-    """Push simulated events into the pipeline as the simulated clock reaches them."""
+    """Push simulated events (in arrival order) into the pipeline as the simulated clock
+    reaches them."""
     offsets = [0, 0]
-    pending = generate(config)
     upcoming = next(pending, None)
     while not stop.is_set():
         now = clock()
@@ -203,6 +212,9 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
     )
     join = config.pipeline.join
     end_ms = sim.end_ms + join.attribution_ms + 2 * join.window_ms
+    # the sampled queries' audits, by a careful judge an hour later: the estimates fill in
+    audit = config.pipeline.audit
+    events = with_audits(simulate_queries(sim), audit.rate, audit.judge or DEMO_JUDGE)
     clock = SimClock(start_ms, options.speed, end_ms)
     monitor = Monitor(config, clock)
     pipeline = monitor.pipeline
@@ -227,11 +239,13 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
         f"  windows: http://{host}:{bound}/api/v1/windows\n"
         f"  regressions: http://{host}:{bound}/api/v1/regressions?state=all\n"
         f"  tests: http://{host}:{bound}/api/v1/tests?retriever=hybrid-v8\n"
+        f"  audited estimates ({audit.rate:.0%} of queries audited an hour later): "
+        f"http://{host}:{bound}/api/v1/estimates?window=24h&segment=*&metric=recall@5\n"
         "Ctrl-C stops."
     )
     stop = threading.Event()
     stop_on_signals(stop, threading.Event())
-    feeder = threading.Thread(target=feed, args=(pipeline, state, sim, clock, stop), daemon=True)
+    feeder = threading.Thread(target=feed, args=(pipeline, state, events, clock, stop), daemon=True)
     feeder.start()
     rolling = config.pipeline.rolling_ms
     spans = tuple(s for s in rolling if s in (HOUR_MS, DAY_MS)) or tuple(sorted(rolling))[-2:]

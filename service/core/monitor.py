@@ -84,6 +84,7 @@ class Monitor:
             watermark_ms=None if global_view else lambda: self.pipeline.watermark_ms,
             attribution_ms=join.attribution_ms,
             stall_ms=config.progress_stall_ms,
+            metric_keys=self.pipeline.metric_keys,
         )
         if not global_view:  # in run, the follower feeds the view from the topic
             self.pipeline.sinks.append(self.view)

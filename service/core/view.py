@@ -1,11 +1,12 @@
-"""The view of closed windows that the API, the rolling and the regression series read.
+"""The view of closed windows that the API, the rolling, regression and estimate series read.
 
-Merged over partitions, each window once, it keeps the rolling views and the listing and
-runs the detector at every boundary up to which all windows have closed. *Local*
-(``demo``, ``replay``): fed by the pipeline's confirmed windows, its boundary the one the
-pipeline's partitions have closed. *Global* (``run``, every replica alike): fed by the
-windows topic and the progress every input partition committed, its boundary the
-smallest progress, a stalled partition left out after a while.
+Merged over partitions, each window once, it keeps the rolling views (with their audited
+estimates: :meth:`WindowView.estimates`) and the listing and runs the detector at every
+boundary up to which all windows have closed. *Local* (``demo``, ``replay``): fed by the
+pipeline's confirmed windows, its boundary the one the pipeline's partitions have
+closed. *Global* (``run``, every replica alike): fed by the windows topic and the
+progress every input partition committed, its boundary the smallest progress, a stalled
+partition left out after a while.
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 
+from service.audit.book import slice_estimates
+from service.audit.estimate import Estimate
 from service.core.judges import JudgeBook
 from service.detect.detector import Detector
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow, ClosedWindows, WindowIdent
+from service.stream.windows import ClosedWindow, ClosedWindows, SliceKey, SliceTotals, WindowIdent
+
+EstimateKey = tuple[str, str, str]
+"""(retriever, segment or ``*`` for all its segments, metric key)."""
 
 
 class ViewMode(enum.Enum):
@@ -29,7 +35,8 @@ class ViewMode(enum.Enum):
 
 
 class WindowView:
-    """Closed windows merged over partitions, each once: rolling views, listing, detector.
+    """Closed windows merged over partitions, each once: rolling views and their audited
+    estimates, listing, detector.
 
     Fed in one of two ways. *Local* (``demo``, ``replay``, a single process's own
     windows): the pipeline adds the windows it confirms and advances the detector to
@@ -50,6 +57,7 @@ class WindowView:
         watermark_ms: Callable[[], int | None] | None = None,
         attribution_ms: int = 0,
         stall_ms: int,
+        metric_keys: tuple[str, ...] = (),
     ) -> None:
         if (mode is ViewMode.LOCAL) != (watermark_ms is not None):
             raise ValueError("a local view needs the pipeline's watermark, a global one none")
@@ -78,6 +86,11 @@ class WindowView:
         self._seen: dict[WindowIdent, int] = {}
         """The windows merged lately (by ident), with their end (a repeat is identical)."""
         self._check = 100_000
+        self.metric_keys = metric_keys
+        """The metric keys of the audited estimates (the pipeline's)."""
+        self._estimates: dict[int, tuple[dict[SliceKey, SliceTotals], dict[EstimateKey, Estimate]]]
+        self._estimates = {}
+        """Span -> the rolling view its estimates were computed from, and them."""
 
     @property
     def is_global(self) -> bool:
@@ -90,6 +103,28 @@ class WindowView:
         if self._watermark_ms is not None:
             return self._watermark_ms()
         return None if self.boundary_ms is None else self.boundary_ms + self.attribution_ms
+
+    def estimates(self, span_ms: int) -> dict[EstimateKey, Estimate]:
+        """The audited estimates over the windows ending within ``span_ms`` of the view's
+        end (the rolling view's windows, merged over partitions), per (retriever, segment)
+        and pooled over segments (``*``), for every metric key; empty before any event time.
+
+        Computed from the rolling view's merged totals, and again only when that view is
+        (a window added, the end crossing a window end): scrapes are frequent. The result
+        must not be modified.
+        """
+        wm = self.watermark_ms
+        if wm is None:
+            return {}
+        view = self.closed.rolling(span_ms, wm)
+        cached = self._estimates.get(span_ms)
+        if cached is not None and cached[0] is view:
+            return cached[1]
+        if len(self._estimates) > 16:
+            self._estimates.clear()
+        found = slice_estimates(view.items(), self.metric_keys)
+        self._estimates[span_ms] = (view, found)
+        return found
 
     def apply_progress(
         self, progress: Mapping[int, int], partitions: int, now_ms: int

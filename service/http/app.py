@@ -1,4 +1,6 @@
-"""HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows.
+"""HTTP (FastAPI): ``/``, ``/metrics``, health, readiness, rolling metrics, closed windows
+(the detector's routes: :mod:`service.http.regressions`; the audited estimates:
+:mod:`service.http.estimates`).
 
 Built by an app factory around a :class:`~service.core.state.ServiceState`; handlers read
 the pipeline under its lock and copy what they need, so a slow client never holds the
@@ -21,6 +23,7 @@ from pydantic import BaseModel
 from service import __version__
 from service.core.state import ServiceState
 from service.http.deps import State, since_param, span_ms
+from service.http.estimates import router as estimates_router
 from service.http.exporter import build_registry
 from service.http.health import broker_unready, liveness
 from service.http.judges import router as judges_router
@@ -104,6 +107,8 @@ ROUTES = {
     "/api/v1/regressions": "the open regressions (state=open|closed|all, since=)",
     "/api/v1/tests": "every comparison the detector holds, running or not and why not "
     "(retriever=, segment=)",
+    "/api/v1/estimates?window=24h": "audited estimates of the true metrics beside the live "
+    "ones, with 95% intervals (retriever=, segment=, metric=)",
     "/api/v1/judges?window=24h": "judge agreement: each pair of judges, and each judge against "
     "the live labels (count, agreement, Cohen's kappa)",
     "/docs": "the OpenAPI documentation of the API",
@@ -119,8 +124,7 @@ def create_app(state: ServiceState) -> FastAPI:
         description="Live retrieval quality (recall@k, hit rate, MRR, nDCG) from Kafka.",
     )
     app.state.service = state
-    registry = build_registry(state)
-    app.state.registry = registry
+    app.state.registry = registry = build_registry(state)
 
     @app.get("/", include_in_schema=False)
     def index(request: Request) -> Response:
@@ -223,6 +227,6 @@ def create_app(state: ServiceState) -> FastAPI:
             ]
         return WindowsResponse(windows=out)
 
-    for router in (regressions_router, judges_router):
+    for router in (regressions_router, estimates_router, judges_router):
         app.include_router(router)
     return app

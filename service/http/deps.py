@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from service.core.state import ServiceState
-from service.times import parse_aware_ms, parse_duration_ms
+from service.times import duration_label, parse_aware_ms, parse_duration_ms
 
 MAX_SPAN_MS = 366 * 86_400_000
 
@@ -21,6 +21,19 @@ def span_ms(window: str) -> int:
         raise HTTPException(status_code=422, detail=f"window: {error}") from None
     if not 0 < span <= MAX_SPAN_MS:
         raise HTTPException(status_code=422, detail="window must be between 1s and 366d")
+    return span
+
+
+def kept_span_ms(window: str, retention_ms: int) -> int:
+    """:func:`span_ms`, or a 422 beyond ``retention_ms`` (the longest rolling window, all
+    the view keeps: a longer span would silently hold less than it says)."""
+    span = span_ms(window)
+    if span > retention_ms:
+        raise HTTPException(
+            status_code=422,
+            detail=f"window must be at most {duration_label(retention_ms)} (the longest "
+            "rolling window kept); raise ROLLING_WINDOWS to look over longer spans",
+        )
     return span
 
 

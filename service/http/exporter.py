@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from service.core.state import ServiceState
+from service.http.estimate_series import estimate_series
 from service.http.regression_series import GLOBAL, regression_series
 from service.metrics.aggregates import SCALE
 from service.stream.topics import TOPICS, Topic
@@ -53,6 +54,7 @@ class PipelineCollector(Collector):
         with self.lock:
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
             metrics += list(self._health()) + regression_series(self.state)
+            metrics += estimate_series(self.state)
         yield from metrics
 
     def _counters(self) -> Iterator[Metric]:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import math
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
 from service.detect.compare import compare_metrics
 from service.detect.model import BoundaryTest, Regression
 from service.detect.recovery import recovery_threshold
-from service.http.deps import State, since_param, span_ms
+from service.http.deps import State, kept_span_ms, since_param
 from service.metrics.aggregates import MetricAggregates, merge
 from service.stream.windows import SliceTotals
 from service.times import duration_label, rfc3339
@@ -209,14 +209,7 @@ def compare(
     Both versions are read from the closed windows that end within ``window`` of the
     watermark (all segments merged unless ``segment`` is given).
     """
-    span = span_ms(window)
-    retention = service.view.closed.retention_ms
-    if span > retention:
-        raise HTTPException(
-            status_code=422,
-            detail=f"window must be at most {duration_label(retention)} (the longest "
-            "rolling window kept); raise ROLLING_WINDOWS to compare over longer spans",
-        )
+    span = kept_span_ms(window, service.view.closed.retention_ms)
     detector = service.detector.config
     with service.lock:
         wm = service.view.watermark_ms

@@ -28,7 +28,9 @@ import pytest
 import yaml
 from kafka.admin import KafkaAdminClient
 
-from service.sim.simulator import generate
+from service.commands.demo_audits import DEMO_JUDGE, with_audits
+from service.sim.simulator import simulate_queries
+from service.stream.audit_join import AuditConfig
 from service.times import rfc3339
 from tests.integration.conftest import create_topics, delete_topics
 from tests.integration.kafka_helpers import ServiceProcess, Topics, deploy_traffic, produce
@@ -75,7 +77,11 @@ def start_stack(
 ) -> Stack:
     topics = create_topics(admin)
     sim = deploy_traffic(bad, seed=11)
-    produce(topics, generate(sim))
+    # with the audits of the service's audit sample (a careful judge, 20 minutes after each
+    # query, none in the future), so the dashboards' audited-estimate queries have data
+    rate = AuditConfig().rate
+    events = with_audits(simulate_queries(sim), rate, DEMO_JUDGE, delay_ms=20 * 60_000)
+    produce(topics, (e for e in events if e.timestamp_ms <= sim.end_ms))
     # the previous version has no day of history, so the deploy is compared through its
     # trend before the switch, by default for 6 h: longer than the traffic's 2.5 h after it
     services = [

@@ -189,7 +189,7 @@ def check_the_regressions_life(agreed: dict[str, dict[str, Any]], switch_ms: int
     assert "kb" in open_keys
 
 
-GLOBAL_SERIES = ("retrieval_rolling_", "retrieval_regression")
+GLOBAL_SERIES = ("retrieval_rolling_", "retrieval_regression", "retrieval_estimate")
 
 
 def _values(prometheus: Prometheus, expr: str) -> dict[tuple[tuple[str, str], ...], float]:
