@@ -28,6 +28,7 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "stream": {"stream", "metrics", "errors", "times"},
     "detect": {"detect", "stream", "metrics", "errors", "times"},
     "sim": {"sim", "errors", "times"},
+    "audit": {"audit", "errors"},
     "offline": {"offline", "metrics", "stream", "errors", "times"},
     "mapping": {"mapping", "stream", "errors"},
     "core": {"core", "detect", "stream", "metrics", "errors", "times"},
@@ -52,7 +53,7 @@ MAY_IMPORT: dict[str, set[str] | str] = {
     "__main__": {"commands"},
 }
 SUBPACKAGES = {"metrics", "stream", "detect", "sim", "offline", "mapping", "core", "replay"}
-SUBPACKAGES |= EDGES | {"commands"}
+SUBPACKAGES |= EDGES | {"commands", "audit"}
 MAX_LINES = 400
 """Past this a module is usually two concerns: split it by concern, not by length."""
 HOT_MODULES = {
