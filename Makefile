@@ -59,7 +59,7 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_replay.py
 	$(BIN)/python tests/benchmarks/bench_memory.py
 
-bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; about 7 min on 2 cores)
+bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; 11 CPU minutes, about 6 on 2 idle cores)
 	$(BIN)/python tests/benchmarks/bench_audit_estimates.py --seeds $${SEEDS:-40}
 	$(BIN)/python tests/benchmarks/bench_run_kafka.py
 	$(BIN)/python tests/benchmarks/bench_restore.py

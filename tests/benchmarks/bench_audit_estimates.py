@@ -22,8 +22,8 @@ absolute error of the estimate, the mean absolute bias of ``observed`` (today's 
 over labelled queries) against theta, and MAE / bias. Target (the issue): coverage 93% to
 97%, MAE at most a quarter of the live bias, intervals narrower than the audit alone.
 
-Run: ``python tests/benchmarks/bench_audit_estimates.py [--seeds 40] [--jobs 2]`` (about
-7 minutes on 2 cores; ``--small`` for a smoke run of seconds). Prints markdown tables;
+Run: ``python tests/benchmarks/bench_audit_estimates.py [--seeds 40] [--jobs 2]`` (11 CPU
+minutes, about 6 on 2 idle cores; ``--small`` for a smoke run of seconds). Prints markdown tables;
 not a test: figures, not assertions.
 """
 
