@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-golden test quick faults fault-schedule check lint typecheck unit bench clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
+.PHONY: help venv demo demo-golden test quick faults fault-schedule check lint typecheck unit bench bench-audit clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -58,6 +58,9 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_evaluate.py
 	$(BIN)/python tests/benchmarks/bench_replay.py
 	$(BIN)/python tests/benchmarks/bench_memory.py
+
+bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; 11 CPU minutes, about 6 on 2 idle cores)
+	$(BIN)/python tests/benchmarks/bench_audit_estimates.py --seeds $${SEEDS:-40}
 	$(BIN)/python tests/benchmarks/bench_run_kafka.py
 	$(BIN)/python tests/benchmarks/bench_restore.py
 	$(BIN)/python tests/benchmarks/bench_detector.py

@@ -15,13 +15,20 @@ PPI++ (Angelopoulos, Duchi, Zrnic 2023)::
     theta_hat = m_y / m_a
 
 unbiased for any fixed lambda because the audit sample is a random sample of the
-queries, whatever the bias of the live labels; ``lambda = Cov(y, f) / ((1 + n/N) Var(f))``
-on the audited queries (clipped to [0, 1]) makes it as tight as the live labels allow and
-never much worse than the audit sample alone (lambda 0). The delta method gives the
-variance, with ``z = lambda (f - theta g)`` over all N and ``w = (y - theta a) - z`` over
-the n audited::
+queries, whatever the bias of the live labels. The delta method gives the variance, with
+``z = lambda (f - theta g)`` over all N and ``w = (y - theta a) - z`` over the n audited::
 
     Var(theta_hat) ~ (Var(z) / N + Var(w) / n) / m_a ** 2
+
+and the lambda that minimises it (PPI++'s power tuning, for this ratio)::
+
+    lambda = Cov(y - t a, f - t g) / ((1 + n/N) Var(f - t g))
+
+on the audited queries, with ``t`` the audit sample's own ratio ``mean_n(y) / mean_n(a)``
+as the pilot, clipped to [0, 1]: as tight as the live labels allow and never much worse
+than the audit sample alone (lambda 0). (The mean-of-y lambda ``Cov(y, f) / ((1 + n/N)
+Var(f))`` is not that: where y - theta a varies little but f and g follow whether a query
+is answerable, it tunes lambda near 1 and the interval can be twice the audit alone's.)
 
 Everything is a function of sums, kept exact in fixed point (units of 2**-52, as
 :mod:`service.metrics.aggregates`), so windows, partitions and replicas merge bit for bit
@@ -197,12 +204,19 @@ def audit_only(audit: AuditSums) -> tuple[float, float, float] | None:
 
 
 def _power(m: Mapping[str, float], n: int, big_n: int) -> float:
-    """PPI++'s lambda, ``Cov(y, f) / ((1 + n/N) Var(f))`` on the audited, in [0, 1]."""
-    var_f = m["ff"] - m["f"] ** 2
-    if var_f <= 0.0:
+    """PPI++'s lambda for the ratio, ``Cov(y - t a, f - t g) / ((1 + n/N) Var(f - t g))``
+    on the audited with the pilot ``t = mean(y) / mean(a)`` (0 without answerable audits),
+    in [0, 1]."""
+    t = m["y"] / m["a"] if m["a"] > 0.0 else 0.0
+
+    def cov(p: str, q: str) -> float:
+        return m[p + q] - m[p] * m[q]
+
+    var = cov("f", "f") - 2.0 * t * cov("f", "g") + t * t * cov("g", "g")
+    if var <= 1e-15:  # (f - t g) constant, to rounding: nothing to tune on
         return 0.0
-    cov = m["yf"] - m["y"] * m["f"]
-    return min(1.0, max(0.0, cov / ((1.0 + n / big_n) * var_f)))
+    joint = cov("y", "f") - t * cov("y", "g") - t * cov("a", "f") + t * t * cov("a", "g")
+    return min(1.0, max(0.0, joint / ((1.0 + n / big_n) * var)))
 
 
 def _unit(value: float) -> float:

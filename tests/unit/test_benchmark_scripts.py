@@ -175,3 +175,22 @@ def test_bench_audit_cost_runs_and_prints_its_figures() -> None:
     assert [row[0].strip() for row in rows] == ["0", "0.01", "0.05"]
     assert float(rows[0][3]) == 1.0  # (the baseline against itself)
     assert figure(out, "memory per held request:") > 500  # (20 chunk ids alone take more)
+
+
+def test_bench_audit_estimates_runs_and_prints_every_row() -> None:
+    """The smoke size (2 seeds of 3 hours): a row per (metric, audit rate) and the overall
+    figures; coverage and error are the full run's to judge, not this one's."""
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "bench_audit_estimates.py"), "--small", "--jobs", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ")]
+    for metric in ("hit_rate@5", "recall@5", "mrr"):
+        for rate in ("0.01", "0.05"):
+            assert any(line.startswith(f"| {metric} | {rate} | 8/8 |") for line in rows), out
+    assert figure(out, "overall coverage") <= 100
+    assert figure(out, "overall MAE / live bias") < 1
+    assert figure(out, "overall width / audit-alone width") < 1.2
