@@ -105,13 +105,13 @@ class PipelineCollector(Collector):
             "Audit events by outcome when their window closed (counted, replaced, "
             "outside_sample, no_query, too_late, other_judge); per replica.",
             "outcome",
-            c.audits,
+            c.audit_outcomes,
         )
         outside = CounterMetricFamily(
             "retrieval_audit_outside_sample",
             "Audits of queries outside the audit sample (used for judge agreement only).",
         )
-        outside.add_metric([], c.audits["outside_sample"])
+        outside.add_metric([], c.audit_outcomes["outside_sample"])
         yield outside
         yield _by_label(
             "retrieval_label_overflow",

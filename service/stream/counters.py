@@ -33,7 +33,7 @@ class Counts:
     windows_published: int = 0
     published: dict[tuple[str, str], MetricAggregates] = field(default_factory=dict)
     first_seen_ms: dict[str, int] = field(default_factory=dict)
-    audits: Counter[str] = field(default_factory=Counter)
+    audit_outcomes: Counter[str] = field(default_factory=Counter)
     """Audits by outcome at their window's close: counted, replaced, outside_sample,
     no_query, too_late, other_judge (a window closed again after a restart counts again)."""
 

@@ -127,7 +127,9 @@ class Pipeline(AuditDoors):
         )
         if self.config.audit.rate > 0:
             audit, join = self.config.audit, self.config.join
-            stream.audits = AuditJoin(audit, self.config.ks, join.window_ms, self.counts.audits)
+            stream.audits = AuditJoin(
+                audit, self.config.ks, join.window_ms, self.counts.audit_outcomes
+            )
             stream.audits.requests = self.audit_requests
             stream.audits.changed = {} if self.audit_state else None
         self.streams[partition] = stream  # (revoke above forgot the closed boundary)
