@@ -83,7 +83,7 @@ def _summary(monitor: Monitor, spans_ms: tuple[int, ...]) -> Table:
     for span in spans_ms if wm is not None else ():
         for (retriever, _segment), totals in monitor.view.closed.rolling(span, wm or 0).items():
             merged = rows.setdefault((span, retriever), SliceTotals())
-            merged.add(totals.queries, totals.labelled, totals.metrics)
+            merged.add(totals.queries, totals.labelled, totals.metrics, totals.sources)
     for (span, retriever), totals in sorted(rows.items()):
         cells = [span_label(span), retriever, str(totals.labelled)]
         ratio = totals.unlabelled_ratio

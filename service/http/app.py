@@ -47,6 +47,9 @@ class SliceView(BaseModel):
     queries: int
     labelled: int
     unlabelled_ratio: float | None
+    source_labelled_share: dict[str, float | None]
+    """Per label source (``click``, ``citation``, ``judgment``): the finalised queries with
+    a relevant label from it / the finalised queries (None without queries)."""
     metrics: dict[str, MetricValue]
 
 
@@ -88,6 +91,7 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
         queries=totals.queries,
         labelled=totals.labelled,
         unlabelled_ratio=totals.unlabelled_ratio,
+        source_labelled_share=totals.source_labelled_share,
         metrics={key: _value(totals.metrics.get(key, empty)) for key in keys},
     )
 

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 
 from service.core.state import ServiceState
 from service.http.regression_series import GLOBAL, regression_series
+from service.http.source_series import source_series
 from service.metrics.aggregates import SCALE
 from service.stream.topics import TOPICS, Topic
 from service.times import duration_label
@@ -53,6 +54,7 @@ class PipelineCollector(Collector):
         with self.lock:
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
             metrics += list(self._health()) + regression_series(self.state)
+            metrics += source_series(self.state)
         yield from metrics
 
     def _counters(self) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ import orjson
 from service.audit.estimate import AuditSums
 from service.metrics.aggregates import MetricAggregates, Moments, merge_into
 from service.metrics.ir import MetricKey
+from service.stream.labels import SOURCES
 from service.times import parse_aware_ms, rfc3339
 
 SliceKey = tuple[str, str]
@@ -25,6 +26,19 @@ SliceKey = tuple[str, str]
 
 WindowIdent = tuple[str, str, int, int]
 """(retriever, segment, window start, partition): one window of one input partition."""
+
+
+def no_sources() -> dict[str, int]:
+    """Per label source (``SOURCES``, all three always), no query."""
+    return dict.fromkeys(SOURCES, 0)
+
+
+def sources_of(record: Mapping[str, Any] | None) -> dict[str, int]:
+    """A window record's ``sources`` object as :attr:`ClosedWindow.sources` (every source;
+    a record written before sources were counted has none: zeros)."""
+    if not record:
+        return no_sources()
+    return {source: int(record.get(source, 0)) for source in SOURCES}
 
 
 def window_start(ts_ms: int, size_ms: int) -> int:
@@ -68,6 +82,10 @@ class ClosedWindow:
     audited: int = 0
     """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
     its earlier one: counted -1 then +1)."""
+    sources: Mapping[str, int] = field(default_factory=no_sources)
+    """Per label source (``click``, ``citation``, ``judgment``: every one, always), the
+    finalised queries with a relevant label (grade >= 1) from that source that the
+    labelling rule applied (a query labelled by two sources counts in both)."""
 
     def without_labels(self) -> ClosedWindow:
         """This window without its labels output (once sent: views keep windows for days)."""
@@ -106,6 +124,7 @@ class ClosedWindow:
                 key: [m.count, str(m.sum_fx), str(m.sum_sq_fx)] for key, m in self.metrics.items()
             },
             "context_queries": self.context_queries,
+            "sources": {source: self.sources.get(source, 0) for source in SOURCES},
             "audit": {
                 "audited": self.audited,
                 "metrics": {key: sums.to_record() for key, sums in self.audit.items()},
@@ -131,6 +150,7 @@ class ClosedWindow:
             labelled=record.labelled,
             metrics={key: Moments(*sums) for key, sums in record.metrics_fixed.items()},
             context_queries=record.context_queries,
+            sources=sources_of(record.sources),
             **_audit_of(record.audit),
         )
 
@@ -154,6 +174,7 @@ class ClosedWindow:
             labelled=int(record["labelled"]),
             metrics=metrics,
             context_queries=int(record.get("context_queries", 0)),
+            sources=sources_of(record.get("sources")),
             **_audit_of(record.get("audit")),
         )
 
@@ -170,6 +191,7 @@ class _ExactRecord(msgspec.Struct, gc=False):
     labelled: int
     metrics_fixed: dict[str, tuple[int, int, int]]
     context_queries: int = 0
+    sources: dict[str, int] | None = None
     audit: dict[str, Any] | None = None
 
 
@@ -203,12 +225,32 @@ class SliceTotals:
     queries: int = 0
     labelled: int = 0
     metrics: MetricAggregates = field(default_factory=dict)
+    sources: dict[str, int] = field(default_factory=no_sources)
+    """Per label source, the queries with a relevant label from it (every source)."""
 
-    def add(self, queries: int, labelled: int, metrics: Mapping[str, Moments]) -> None:
+    def add(
+        self,
+        queries: int,
+        labelled: int,
+        metrics: Mapping[str, Moments],
+        sources: Mapping[str, int],
+    ) -> None:
         """Merge one more window in."""
         self.queries += queries
         self.labelled += labelled
         merge_into(self.metrics, metrics)  # in place: a view takes many windows one at a time
+        mine = self.sources
+        for source, n in sources.items():
+            mine[source] = mine.get(source, 0) + n
+
+    @property
+    def source_labelled_share(self) -> dict[str, float | None]:
+        """Per label source, the share of finalised queries with a relevant label from it
+        (None without queries: no data is not zero)."""
+        queries = self.queries
+        return {
+            source: self.sources.get(source, 0) / queries if queries else None for source in SOURCES
+        }
 
     @property
     def unlabelled_ratio(self) -> float | None:
@@ -232,7 +274,7 @@ class ClosedWindows:
         self._views.clear()
         for w in windows:
             totals = self._by_key.setdefault((w.retriever, w.segment, w.start_ms), SliceTotals())
-            totals.add(w.queries, w.labelled, w.metrics)
+            totals.add(w.queries, w.labelled, w.metrics, w.sources)
             if self._latest_end_ms is None or w.end_ms > self._latest_end_ms:
                 self._latest_end_ms = w.end_ms
         if self._latest_end_ms is not None:
@@ -259,7 +301,7 @@ class ClosedWindows:
             end = start + self.window_ms
             if until_ms - span_ms < end <= until_ms:
                 view = out.setdefault((retriever, segment), SliceTotals())
-                view.add(totals.queries, totals.labelled, totals.metrics)
+                view.add(totals.queries, totals.labelled, totals.metrics, totals.sources)
         self._views[cache_key] = out
         return out
 
