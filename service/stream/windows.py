@@ -28,16 +28,16 @@ WindowIdent = tuple[str, str, int, int]
 """(retriever, segment, window start, partition): one window of one input partition."""
 
 
-def no_sources() -> dict[str, int]:
+def _no_sources() -> dict[str, int]:
     """Per label source (``SOURCES``, all three always), no query."""
     return dict.fromkeys(SOURCES, 0)
 
 
-def sources_of(record: Mapping[str, Any] | None) -> dict[str, int]:
+def _sources_of(record: Mapping[str, Any] | None) -> dict[str, int]:
     """A window record's ``sources`` object as :attr:`ClosedWindow.sources` (every source;
     a record written before sources were counted has none: zeros)."""
     if not record:
-        return no_sources()
+        return _no_sources()
     return {source: int(record.get(source, 0)) for source in SOURCES}
 
 
@@ -82,7 +82,7 @@ class ClosedWindow:
     audited: int = 0
     """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
     its earlier one: counted -1 then +1)."""
-    sources: Mapping[str, int] = field(default_factory=no_sources)
+    sources: Mapping[str, int] = field(default_factory=_no_sources)
     """Per label source (``click``, ``citation``, ``judgment``: every one, always), the
     finalised queries with a relevant label (grade >= 1) from that source that the
     labelling rule applied (a query labelled by two sources counts in both)."""
@@ -150,7 +150,7 @@ class ClosedWindow:
             labelled=record.labelled,
             metrics={key: Moments(*sums) for key, sums in record.metrics_fixed.items()},
             context_queries=record.context_queries,
-            sources=sources_of(record.sources),
+            sources=_sources_of(record.sources),
             **_audit_of(record.audit),
         )
 
@@ -174,7 +174,7 @@ class ClosedWindow:
             labelled=int(record["labelled"]),
             metrics=metrics,
             context_queries=int(record.get("context_queries", 0)),
-            sources=sources_of(record.get("sources")),
+            sources=_sources_of(record.get("sources")),
             **_audit_of(record.get("audit")),
         )
 
@@ -225,7 +225,7 @@ class SliceTotals:
     queries: int = 0
     labelled: int = 0
     metrics: MetricAggregates = field(default_factory=dict)
-    sources: dict[str, int] = field(default_factory=no_sources)
+    sources: dict[str, int] = field(default_factory=_no_sources)
     """Per label source, the queries with a relevant label from it (every source)."""
 
     def add(
