@@ -39,8 +39,8 @@ from service.sim.simulator import (
 )
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
+from service.stream.rolling import SliceTotals
 from service.stream.topics import FEEDBACK, QUERIES
-from service.stream.windows import SliceTotals
 from service.times import DAY_MS, HOUR_MS, rfc3339, wall_ms
 from service.times import duration_label as span_label
 
@@ -92,7 +92,7 @@ def _summary(monitor: Monitor, spans_ms: tuple[int, ...]) -> Table:
     for span in spans_ms if wm is not None else ():
         for (retriever, _segment), totals in monitor.view.closed.rolling(span, wm or 0).items():
             merged = rows.setdefault((span, retriever), SliceTotals())
-            merged.add(totals.queries, totals.labelled, totals.metrics)
+            merged.merge(totals)
     for (span, retriever), totals in sorted(rows.items()):
         cells = [span_label(span), retriever, str(totals.labelled)]
         ratio = totals.unlabelled_ratio

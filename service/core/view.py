@@ -18,8 +18,9 @@ from service.audit.book import slice_estimates
 from service.audit.estimate import Estimate
 from service.core.judges import JudgeBook
 from service.detect.detector import Detector
+from service.stream.rolling import ClosedWindows, SliceTotals
 from service.stream.watermark import NEVER
-from service.stream.windows import ClosedWindow, ClosedWindows, SliceKey, SliceTotals, WindowIdent
+from service.stream.windows import ClosedWindow, SliceKey, WindowIdent
 
 EstimateKey = tuple[str, str, str]
 """(retriever, segment or ``*`` for all its segments, metric key)."""

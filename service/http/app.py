@@ -29,7 +29,7 @@ from service.http.health import broker_unready, liveness
 from service.http.judges import router as judges_router
 from service.http.regressions import router as regressions_router
 from service.metrics.aggregates import Moments
-from service.stream.windows import SliceTotals
+from service.stream.rolling import SliceTotals
 from service.times import duration_label as span_label
 from service.times import rfc3339
 
@@ -51,6 +51,9 @@ class SliceView(BaseModel):
     queries: int
     labelled: int
     unlabelled_ratio: float | None
+    source_labelled_share: dict[str, float | None]
+    """Per label source (``click``, ``citation``, ``judgment``): the finalised queries with
+    a relevant label from it / the finalised queries (None without queries)."""
     metrics: dict[str, MetricValue]
 
 
@@ -92,6 +95,7 @@ def _slice(retriever: str, segment: str, totals: SliceTotals, keys: tuple[str, .
         queries=totals.queries,
         labelled=totals.labelled,
         unlabelled_ratio=totals.unlabelled_ratio,
+        source_labelled_share=totals.source_labelled_share,
         metrics={key: _value(totals.metrics.get(key, empty)) for key in keys},
     )
 

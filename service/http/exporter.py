@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 from service.core.state import ServiceState
 from service.http.estimate_series import estimate_series
 from service.http.regression_series import GLOBAL, regression_series
+from service.http.source_series import source_series
 from service.metrics.aggregates import SCALE
 from service.stream.topics import TOPICS, Topic
 from service.times import duration_label
@@ -55,6 +56,7 @@ class PipelineCollector(Collector):
             metrics = list(self._counters()) + list(self._summaries()) + list(self._rolling())
             metrics += list(self._health()) + regression_series(self.state)
             metrics += estimate_series(self.state)
+            metrics += source_series(self.state)
         yield from metrics
 
     def _counters(self) -> Iterator[Metric]:

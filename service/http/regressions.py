@@ -13,7 +13,7 @@ from service.detect.model import BoundaryTest, Regression
 from service.detect.recovery import recovery_threshold
 from service.http.deps import State, kept_span_ms, since_param
 from service.metrics.aggregates import MetricAggregates, merge
-from service.stream.windows import SliceTotals
+from service.stream.rolling import SliceTotals
 from service.times import duration_label, rfc3339
 
 router = APIRouter()

@@ -79,12 +79,14 @@ def take_with_audits(  # noqa: PLR0917 - the pipeline's take, and what it shares
     if kept:
         if prepared is not None:
             keys, chunks, levels = prepared.keys, prepared.chunks, prepared.levels
+            sources = prepared.sources
             prepared = Prepared(
                 prepared.bodies,
                 prepared.repeats,
                 [keys[i] for i in positions],
                 [chunks[i] for i in positions],
                 [levels[i] for i in positions],
+                [sources[i] for i in positions],
             )
         refused = stream.take(kept, prepared)
         failures += [(positions[at], error) for at, error in refused]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import compute_metrics
@@ -10,6 +11,7 @@ from service.metrics.packed import judge_packed
 from service.stream.audit_step import SampledClose, finalised_requests
 from service.stream.join import RANKING_START, PartitionStream
 from service.stream.join_state import WindowKey
+from service.stream.labels import SOURCE_BITS
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
 
@@ -29,10 +31,11 @@ def finalise(
     labels: list[dict[int, int] | None] = []
     context_ks: list[int] = []
     groups: list[int] = []
+    masks: list[int] = []  # per query, the sources of its relevant labels
     mined: list[tuple[dict[str, object], ...]] = []
     sampled: list[SampledClose] = []  # the windows that hold queries of the audit sample
     for group, (stream, key) in enumerate(closing):
-        packed, grades, window_ks, ids = stream.close(key)
+        packed, grades, window_ks, ids, sources = stream.close(key)
         if recorder is not None:
             mined.append(tuple(recorder.finalised(ids, grades, key)))
         if stream.audits is not None and stream.audits.sampled:
@@ -41,6 +44,7 @@ def finalise(
         rankings += packed
         labels += grades
         context_ks += window_ks
+        masks += sources
         groups += [group] * len(packed)
     batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
     values = compute_metrics(batch, ks)
@@ -52,6 +56,7 @@ def finalise(
     n_queries = np.bincount(group_index, minlength=n)
     n_labelled = np.bincount(group_index[batch.labelled], minlength=n)
     n_context = np.bincount(group_index[batch.context_k > 0], minlength=n)
+    n_sources = _sources_per_group(masks, group_index, n)
     out = []
     for group, (stream, (retriever, segment, start)) in enumerate(closing):
         if n_queries[group] == 0:
@@ -68,6 +73,18 @@ def finalise(
                 metrics=aggregates[group],
                 labels=mined[group] if mined else (),
                 context_queries=int(n_context[group]),
+                sources={source: int(column[group]) for source, column in n_sources.items()},
             )
         )
     return out
+
+
+def _sources_per_group(
+    masks: list[int], group_index: NDArray[np.int64], n: int
+) -> dict[str, NDArray[np.int64]]:
+    """Per label source, per group: the queries whose ``masks`` hold its bit."""
+    mask = np.asarray(masks, dtype=np.int64)
+    return {
+        source: np.bincount(group_index[(mask & bit) != 0], minlength=n)
+        for source, bit in SOURCE_BITS.items()
+    }

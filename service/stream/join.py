@@ -15,8 +15,10 @@ Its first 64-bit word says which open window holds it and when it happened
 its ``context_k``, and the chunk ids follow as 64-bit hashes (the metrics only need
 equality of ids within one query; a collision needs two ids of the same query to share
 64 hash bits): 205 bytes with 20 results, in pymalloc's 208-byte class. Its grades,
-once feedback came, are in ``labels``; its offset in its window. Offsets are tracked
-so that the caller can commit the lowest offset still needed (see ``commit_offsets``).
+once feedback came, are in ``labels``, and the sources of its relevant labels (a small
+bit mask, :data:`~service.stream.labels.SOURCE_BITS`), once one came, in ``source_masks``;
+its offset in its window. Offsets are tracked so that the caller can commit the lowest
+offset still needed (see ``commit_offsets``).
 
 Everything that acts on this state is here: :meth:`PartitionStream.take`, the per-record
 loop, has the usual path of a query (accepted into an open window) and of a feedback
@@ -106,6 +108,9 @@ class PartitionStream:
         """Pending queries: (window serial, time) in the first word, then the hashes."""
         self.labels: dict[QueryId, dict[int, int]] = {}
         """Grades of the pending queries that have feedback: chunk hash -> grade."""
+        self.source_masks: dict[QueryId, int] = {}
+        """The pending queries with a relevant label: the bits of the sources that gave one
+        (``SOURCE_BITS``; only feedback that the labelling rule applied counts)."""
         self.wide_context_k: dict[QueryId, int] = {}
         """``context_k`` of the pending queries whose value does not fit in 32 bits."""
         self.windows: dict[WindowKey, OpenWindow] = {}
@@ -192,7 +197,7 @@ class PartitionStream:
         # the columns of every event at once (the refused ones' too: they are rare)
         if prepared is None:
             prepared = prepare([r[2] for r in batch], intake.grade)
-        bodies, repeats, keys, chunks, levels = prepared
+        bodies, repeats, keys, chunks, levels, sources = prepared
         query = -1  # position among the batch's queries
         added: dict[OpenWindow, int] = {}  # queries counted, per window
         for index, (topic, offset, event) in enumerate(batch):
@@ -264,11 +269,14 @@ class PartitionStream:
                     intake.evict_queries()
             else:
                 query_id, chunk, level = keys[index], chunks[index], levels[index]
+                source = sources[index]
                 if ts_ms > latest_feedback:  # noqa: PLR1730 - no call: it runs per record
                     latest_feedback = ts_ms
                 packed = pending.get(query_id)
                 if packed is None:
-                    self._feedback_without_query(offset, count, query_id, ts_ms, chunk, level)
+                    self._feedback_without_query(
+                        offset, count, query_id, ts_ms, chunk, level, source
+                    )
                 else:
                     serial, since = divmod(head_of(packed)[0], window_ms)
                     window = by_serial[serial]
@@ -277,10 +285,12 @@ class PartitionStream:
                         if count:
                             late[FEEDBACK] += 1
                     elif count:
-                        if not attach(query_id, window, query_ts, ts_ms, chunk, level, offset):
+                        if not attach(
+                            query_id, window, query_ts, ts_ms, chunk, level, source, offset
+                        ):
                             unmatched["outside_window"] += 1
                     else:
-                        attach(query_id, window, query_ts, ts_ms, chunk, level, offset)
+                        attach(query_id, window, query_ts, ts_ms, chunk, level, source, offset)
                     if audits is not None and query_id in audits.sampled:
                         audits.feedback(query_id, chunk, event.chunk_id)  # type: ignore[union-attr]
                 if recorder is not None:
@@ -334,13 +344,20 @@ class PartitionStream:
         waiting = self.orphans.pop(query_id)
         self.n_orphans -= len(waiting)
         self.held.feedback -= len(waiting)
-        for fb_ts, chunk, grade, fb_offset, unclassified in waiting:
-            applied = self._attach(query_id, window, ts_ms, fb_ts, chunk, grade, fb_offset)
+        for fb_ts, chunk, grade, source, fb_offset, unclassified in waiting:
+            applied = self._attach(query_id, window, ts_ms, fb_ts, chunk, grade, source, fb_offset)
             if not applied and unclassified:
                 self.counts.unmatched["outside_window"] += 1
 
     def _feedback_without_query(
-        self, offset: int, count: bool, query_id: QueryId, ts_ms: int, chunk: int, grade: int
+        self,
+        offset: int,
+        count: bool,
+        query_id: QueryId,
+        ts_ms: int,
+        chunk: int,
+        grade: int,
+        source: int,
     ) -> None:
         """Feedback whose query is not pending: late (its query was finalised), unmatched
         (no query it could belong to can still come), or waiting for its query."""
@@ -356,9 +373,9 @@ class PartitionStream:
         unclassified = count or offset in self.waiting_offsets
         waiting = self.orphans.get(query_id)
         if waiting is None:
-            self.orphans[query_id] = [Orphan(ts_ms, chunk, grade, offset, unclassified)]
+            self.orphans[query_id] = [Orphan(ts_ms, chunk, grade, source, offset, unclassified)]
         else:
-            waiting.append(Orphan(ts_ms, chunk, grade, offset, unclassified))
+            waiting.append(Orphan(ts_ms, chunk, grade, source, offset, unclassified))
         self.n_orphans += 1
         self.held.feedback += 1
 
@@ -370,13 +387,15 @@ class PartitionStream:
         ts_ms: int,
         chunk: int,
         grade: int,
+        source: int,
         offset: int,
     ) -> bool:
         """The labelling rule, for feedback that found its query pending and feedback that
         waited for it alike: feedback within ``[query_ts - clock_skew, query_ts +
         attribution]`` raises its chunk's grade to its own (a grade is a maximum, so
-        duplicates are harmless) and lowers the window's lowest feedback offset (needed
-        to rebuild it); return whether it was within those bounds."""
+        duplicates are harmless), adds its ``source`` bit (0 unless its grade is relevant)
+        to the query's sources, and lowers the window's lowest feedback offset (needed to
+        rebuild it); return whether it was within those bounds."""
         cfg = self.config
         if not query_ts - cfg.clock_skew_ms <= ts_ms <= query_ts + cfg.attribution_ms:
             return False
@@ -385,6 +404,9 @@ class PartitionStream:
             labels = self.labels[query_id] = {}
         if grade > labels.get(chunk, -1):
             labels[chunk] = grade
+        if source:
+            sources = self.source_masks
+            sources[query_id] = sources.get(query_id, 0) | source
         if offset < window.min_fb_offset:  # noqa: PLR1730 - it runs per record
             window.min_fb_offset = offset
         return True
@@ -439,19 +461,22 @@ class PartitionStream:
 
     def close(
         self, key: WindowKey
-    ) -> tuple[list[bytes], list[dict[int, int] | None], list[int], list[QueryId]]:
+    ) -> tuple[list[bytes], list[dict[int, int] | None], list[int], list[QueryId], list[int]]:
         """Remove a closable window; return its (non-evicted) queries in arrival order:
         packed rankings (``HEADER``, then the hashes), grades (None: no feedback),
-        context_k (-1: none logged) and ids."""
+        context_k (-1: none logged), ids, and the sources of their relevant labels (bit
+        masks of ``SOURCE_BITS``, 0: none)."""
         window = self.windows.pop(key)
         del self.by_serial[window.serial]
         rankings: list[bytes] = []
         grades: list[dict[int, int] | None] = []
         context_ks: list[int] = []
         held: list[QueryId] = []
+        masks: list[int] = []
         cursor = window.cursor
         ids = window.query_ids[cursor:]
         pending, labels, recent = self.pending, self.labels, self._recent
+        sources = self.source_masks
         window_ms, serial = self.config.window_ms, window.serial
         for query_id in ids:
             packed = pending.get(query_id)
@@ -463,6 +488,7 @@ class PartitionStream:
             del pending[query_id]
             rankings.append(packed)
             grades.append(labels.pop(query_id, None))
+            masks.append(sources.pop(query_id, 0))
             if context_k == WIDE:
                 context_k = self.wide_context_k.pop(query_id)
             context_ks.append(context_k)
@@ -471,7 +497,7 @@ class PartitionStream:
         self.held.queries -= len(rankings)
         end = key[2] + self.config.window_ms
         self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
-        return rankings, grades, context_ks, held
+        return rankings, grades, context_ks, held, masks
 
     def mark_sent(self, end_ms: int) -> None:
         """Windows of this partition ending at or before ``end_ms`` were sent (published)."""
@@ -549,6 +575,7 @@ class PartitionStream:
                 if self._holds(self.pending.get(query_id), window):
                     del self.pending[query_id]
                     self.labels.pop(query_id, None)
+                    self.source_masks.pop(query_id, None)
                     if self.audits is not None:
                         self.audits.forget(query_id)
                     self.wide_context_k.pop(query_id, None)

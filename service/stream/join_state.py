@@ -118,6 +118,8 @@ class Orphan(NamedTuple):
     chunk: int
     """The chunk id's hash."""
     grade: int
+    source: int
+    """The bit of its source when its grade is relevant, else 0 (``Prepared.sources``)."""
     offset: int
     unclassified: bool
     """Not yet counted as matched or unmatched (listed as ``waiting`` in commits)."""

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.stream.events import FeedbackEvent
+from service.stream.events import FeedbackEvent, Signal
+
+SOURCES: tuple[Signal, ...] = ("click", "citation", "judgment")
+"""The label sources (the live feedback signals), in the order of their bits in a query's
+source mask: windows count, per source, the finalised queries with a relevant label from it."""
+SOURCE_BITS: dict[str, int] = {source: 1 << i for i, source in enumerate(SOURCES)}
+"""A source's bit in a query's source mask (click 1, citation 2, judgment 4). A feedback
+event gives its bit when its grade (the policy's) makes its chunk relevant (>= 1): a
+judgment of grade 0, or a click the policy grades 0, labels no query."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,16 @@
 This is the reference the streaming pipeline must equal: every query event with the
 feedback of the same ``query_id`` inside ``[ts - clock_skew, ts + attribution]``,
 grades maximised, chunk ids compared as strings, and the metric core applied to each
-tumbling window. It assumes an in-order log (no late or duplicate handling beyond
-"first query event of an id wins"), which is what a clean, in-bound stream is.
+tumbling window; per window, the queries with a relevant label (grade >= 1) from each
+source, counted from the signal names. It assumes an in-order log (no late or
+duplicate handling beyond "first query event of an id wins"), which is what a clean,
+in-bound stream is.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 
 import numpy as np
@@ -20,7 +22,7 @@ from service.audit.sample import in_audit_sample
 from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import DEFAULT_KS, compute_metrics, judge_batch
 from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
-from service.stream.labels import LabelPolicy
+from service.stream.labels import SOURCES, LabelPolicy
 from service.stream.windows import ClosedWindow, window_start
 
 
@@ -45,21 +47,27 @@ def evaluate_event_log(
     judgments: list[dict[str, int]] = []
     context_ks: list[int | None] = []
     keys: list[tuple[str, str, int, int]] = []
+    labelled_by: dict[tuple[str, str, int, int], Counter[str]] = defaultdict(Counter)
     for query in queries:
         if query.query_id in seen:
             continue
         seen.add(query.query_id)
         ts = query.timestamp_ms
         grades: dict[str, int] = {}
+        sources: set[str] = set()
         for event in by_query.get(query.query_id, ()):
             if ts - clock_skew_ms <= event.timestamp_ms <= ts + attribution_ms:
                 grade = policy.grade(event)
                 grades[event.chunk_id] = max(grade, grades.get(event.chunk_id, -1))
+                if grade >= 1:
+                    sources.add(event.signal)
         rankings.append(query.chunk_ids())
         judgments.append(grades)
         context_ks.append(query.context_k)
         partition = (partition_of or {}).get(query.query_id, 0)
-        keys.append((query.retriever, query.segment, window_start(ts, window_ms), partition))
+        key = (query.retriever, query.segment, window_start(ts, window_ms), partition)
+        keys.append(key)
+        labelled_by[key].update(sources)
     distinct = sorted(set(keys))
     index = {key: i for i, key in enumerate(distinct)}
     groups = np.asarray([index[key] for key in keys], dtype=np.int64)
@@ -69,7 +77,8 @@ def evaluate_event_log(
     n_labelled = np.bincount(groups[batch.labelled], minlength=len(distinct))
     n_context = np.bincount(groups[batch.context_k > 0], minlength=len(distinct))
     out = {}
-    for i, (retriever, segment, start, partition) in enumerate(distinct):
+    for i, key in enumerate(distinct):
+        retriever, segment, start, partition = key
         window = ClosedWindow(
             retriever=retriever,
             segment=segment,
@@ -80,6 +89,7 @@ def evaluate_event_log(
             labelled=int(n_labelled[i]),
             metrics=aggregates[i],
             context_queries=int(n_context[i]),
+            sources={source: labelled_by[key][source] for source in SOURCES},
         )
         out[window.key] = window
     return out

@@ -15,7 +15,9 @@ import pytest
 
 from service.commands.cli import main
 from service.core.monitor import MonitorConfig
+from service.metrics.ir import DEFAULT_KS, metric_keys
 from service.replay import replay
+from service.replay.reader import reader_allowed
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
 
@@ -63,6 +65,25 @@ def test_a_file_whose_name_is_not_text_is_read_through_the_reader(
     assert len(in_one[0]) > 5
     assert in_one[1].startswith(f"{name}:")
     assert "(invalid_json)" in in_one[1]
+
+
+def test_the_reader_sends_the_label_sources_the_join_counts(events: Path) -> None:
+    """The sources column travels from the reader process (msgpack) to the join: the
+    window records equal those of the replay in one process, sources included, and every
+    source labels some queries (the simulation has clicks, citations and judgments)."""
+    if not reader_allowed():
+        pytest.skip("no reader process on this machine (one core, or not Linux)")
+    keys = metric_keys(DEFAULT_KS)
+    through, _, through_counts = _replayed([str(events)], reader=True)
+    alone, _, alone_counts = _replayed([str(events)], reader=False)
+    assert [w.to_record(keys) for w in through] == [w.to_record(keys) for w in alone]
+    assert through_counts == alone_counts
+    totals = {
+        source: sum(w.sources[source] for w in alone)
+        for source in ("click", "citation", "judgment")
+    }
+    labelled = sum(w.labelled for w in alone)
+    assert all(0 < n < labelled for n in totals.values()), (totals, labelled)
 
 
 def test_labels_are_recorded_in_one_process_even_when_a_reader_is_asked_for(

@@ -671,6 +671,12 @@ def test_stream_equals_offline_evaluation(traffic: list[Parsed]) -> None:
     expected = expected_windows(traffic)
     assert len(expected) > 50
     assert sum(w.labelled for w in expected.values()) > 1000
+    # every label source labels some queries (and the equality below covers their counts)
+    sources = Counter[str]()
+    for w in expected.values():
+        sources.update(w.sources)
+    assert set(sources) == {"click", "citation", "judgment"}
+    assert all(0 < n < sum(w.labelled for w in expected.values()) for n in sources.values())
     got = stream(((0, item) for item in traffic), partitions=1)
     assert sorted(got) == sorted(expected)
     assert got == expected

@@ -11,7 +11,8 @@ import pytest
 
 from service.audit.estimate import AuditSums
 from service.metrics.aggregates import Moments
-from service.stream.windows import ClosedWindow, ClosedWindows, SliceTotals
+from service.stream.rolling import ClosedWindows, SliceTotals
+from service.stream.windows import ClosedWindow
 
 W = 300_000
 HOUR = 3_600_000

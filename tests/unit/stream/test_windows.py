@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 
 from service.metrics.aggregates import Moments
-from service.stream.windows import ClosedWindow, ClosedWindows
+from service.stream.rolling import ClosedWindows
+from service.stream.windows import ClosedWindow
 from tests.unit.samples import T0, W
 from tests.unit.samples import window as _window
 
