@@ -40,6 +40,7 @@ def _window(rng: random.Random, start: int, slice_: tuple[str, str]) -> ClosedWi
         context_queries=rng.randint(0, 9),
         audit=audit,
         audited=len(audit),
+        sources={"click": rng.randint(0, 9), "citation": rng.randint(0, 9), "judgment": 0},
     )
 
 
@@ -50,14 +51,19 @@ def _naive(
     for w in kept:
         if until - span < w.end_ms <= until:
             out.setdefault((w.retriever, w.segment), SliceTotals()).add(
-                w.queries, w.labelled, w.metrics, w.context_queries, w.audit
+                w.queries,
+                w.labelled,
+                w.metrics,
+                context_queries=w.context_queries,
+                audit=w.audit,
+                sources=w.sources,
             )
     return {key: _fields(t) for key, t in out.items()}
 
 
 def _fields(t: SliceTotals) -> tuple[object, ...]:
     metrics = {k: m for k, m in t.metrics.items() if m.count}
-    return (t.queries, t.labelled, metrics, t.context_queries, t.audit)
+    return (t.queries, t.labelled, metrics, t.context_queries, t.audit, t.sources)
 
 
 @pytest.mark.parametrize("seed", range(6))
