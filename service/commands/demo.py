@@ -7,8 +7,8 @@ version with a quality drop is deployed part way, so a regression opens (``/metr
 ``/api/v1/regressions``); near the end the old version is rolled back, so the regression,
 open until then, closes as ``rolled_back``. The terminal shows a compact live summary:
 the rolling metrics per version, then every regression, open or closed. The queries of
-the audit sample are audited by a careful judge an hour after they come
-(:mod:`service.commands.demo_audits`), so the audited estimates show beside the live values.
+the audit sample are audited by a careful judge (the simulator's, :mod:`service.sim.audit`)
+an hour after they come, so the audited estimates show beside the live values.
 """
 
 from __future__ import annotations
@@ -22,27 +22,27 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
-from service.commands.demo_audits import DEMO_JUDGE, with_audits
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.model import Regression
 from service.http.app import create_app
 from service.http.server import serve_http, stop_on_signals
 from service.metrics.aggregates import merge
+from service.sim.audit import JudgeModel
 from service.sim.shape import TrafficShape
-from service.sim.simulator import (
-    HYBRID_V7,
-    HYBRID_V8,
-    SimEvent,
-    SimulationConfig,
-    simulate_queries,
-)
+from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimEvent, SimulationConfig, generate
 from service.stream.events import feedback_from, query_from
 from service.stream.pipeline import Pipeline
 from service.stream.rolling import SliceTotals
 from service.stream.topics import FEEDBACK, QUERIES
 from service.times import DAY_MS, HOUR_MS, rfc3339, wall_ms
 from service.times import duration_label as span_label
+
+DEMO_JUDGE = "human:demo-raters"
+"""The demo's judge when ``AUDIT_JUDGE`` names none: it grades every result with its true
+grade and adds the truly relevant chunks never retrieved (what lowers recall)."""
+AUDIT_DELAY = (HOUR_MS, HOUR_MS)
+"""Its audits come an hour after their query, as from a pipeline working through a queue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,12 +209,13 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
         switch_at_ms=start_ms + int(options.deploy_at_hours * HOUR_MS),
         quality_drop=options.quality_drop,
         shape=None if rollback is None else TrafficShape(rollback_at_ms=rollback),
+        # the sampled queries' audits, by a careful judge an hour later: the estimates fill in
+        audit_rate=config.pipeline.audit.rate,
+        judges=(JudgeModel(config.pipeline.audit.judge or DEMO_JUDGE, delay_ms=AUDIT_DELAY),),
     )
     join = config.pipeline.join
     end_ms = sim.end_ms + join.attribution_ms + 2 * join.window_ms
-    # the sampled queries' audits, by a careful judge an hour later: the estimates fill in
-    audit = config.pipeline.audit
-    events = with_audits(simulate_queries(sim), audit.rate, audit.judge or DEMO_JUDGE)
+    events = generate(sim)
     clock = SimClock(start_ms, options.speed, end_ms)
     monitor = Monitor(config, clock)
     pipeline = monitor.pipeline
@@ -239,7 +240,7 @@ def run_demo(options: DemoOptions, host: str, port: int, config: MonitorConfig) 
         f"  windows: http://{host}:{bound}/api/v1/windows\n"
         f"  regressions: http://{host}:{bound}/api/v1/regressions?state=all\n"
         f"  tests: http://{host}:{bound}/api/v1/tests?retriever=hybrid-v8\n"
-        f"  audited estimates ({audit.rate:.0%} of queries audited an hour later): "
+        f"  audited estimates ({sim.audit_rate:.0%} of queries audited an hour later): "
         f"http://{host}:{bound}/api/v1/estimates?window=24h&segment=*&metric=recall@5\n"
         "Ctrl-C stops."
     )

@@ -20,7 +20,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,9 @@ import pytest
 import yaml
 from kafka.admin import KafkaAdminClient
 
-from service.commands.demo_audits import DEMO_JUDGE, with_audits
-from service.sim.simulator import simulate_queries
+from service.commands.demo import DEMO_JUDGE
+from service.sim.audit import JudgeModel
+from service.sim.simulator import generate
 from service.stream.audit_join import AuditConfig
 from service.times import rfc3339
 from tests.integration.conftest import create_topics, delete_topics
@@ -76,12 +77,11 @@ def start_stack(
     admin: KafkaAdminClient, tmp: Path, name: str, bad: bool, replicas: int = 1
 ) -> Stack:
     topics = create_topics(admin)
-    sim = deploy_traffic(bad, seed=11)
     # with the audits of the service's audit sample (a careful judge, 20 minutes after each
     # query, none in the future), so the dashboards' audited-estimate queries have data
-    rate = AuditConfig().rate
-    events = with_audits(simulate_queries(sim), rate, DEMO_JUDGE, delay_ms=20 * 60_000)
-    produce(topics, (e for e in events if e.timestamp_ms <= sim.end_ms))
+    judge = JudgeModel(DEMO_JUDGE, delay_ms=(20 * 60_000, 20 * 60_000))
+    sim = replace(deploy_traffic(bad, seed=11), audit_rate=AuditConfig().rate, judges=(judge,))
+    produce(topics, (e for e in generate(sim) if e.timestamp_ms <= sim.end_ms))
     # the previous version has no day of history, so the deploy is compared through its
     # trend before the switch, by default for 6 h: longer than the traffic's 2.5 h after it
     services = [

@@ -1,6 +1,6 @@
 """A replay with audits, shared by the tests of the view's estimates and of their route
 and series: simulated queries, and the demo's careful judge auditing the sampled ones an
-hour later (:mod:`service.commands.demo_audits`), except those of ``UNAUDITED``."""
+hour later (the simulator's judge, as ``demo`` has it), except those of ``UNAUDITED``."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from service.commands.demo_audits import DEMO_JUDGE, with_audits
+from service.commands.demo import AUDIT_DELAY, DEMO_JUDGE
 from service.core.monitor import Monitor, MonitorConfig
 from service.replay import replay
-from service.sim.simulator import SimQuery, SimulationConfig, simulate_queries
+from service.sim.audit import JudgeModel
+from service.sim.simulator import SimulationConfig, generate
 from service.stream.audit_join import AuditConfig
 from service.stream.pipeline import PipelineConfig
 from service.stream.windows import ClosedWindow
@@ -29,20 +30,27 @@ def config() -> MonitorConfig:
     return MonitorConfig(pipeline=PipelineConfig(audit=AuditConfig(rate=RATE)))
 
 
-def queries(seed: int, hours: float = 3.0) -> list[SimQuery]:
-    sim = SimulationConfig(
-        seed=seed, start_ms=START_MS, duration_ms=int(hours * HOUR_MS), queries_per_hour=2000
+def traffic(seed: int, hours: float = 3.0) -> SimulationConfig:
+    """Simulated traffic whose sampled queries the demo's judge audits an hour later."""
+    return SimulationConfig(
+        seed=seed,
+        start_ms=START_MS,
+        duration_ms=int(hours * HOUR_MS),
+        queries_per_hour=2000,
+        audit_rate=RATE,
+        judges=(JudgeModel(DEMO_JUDGE, delay_ms=AUDIT_DELAY),),
     )
-    return list(simulate_queries(sim))
 
 
-def write_events(path: Path, sim_queries: Sequence[SimQuery]) -> int:
-    """The replay file: every event, and the audits of the sampled queries outside
-    ``UNAUDITED``, in arrival order; returns the number of audits written."""
-    skipped = {q.query_id for q in sim_queries if q.segment == UNAUDITED}
+def write_events(path: Path, sim: SimulationConfig) -> int:
+    """The replay file: every event of ``sim``, less the audits of ``UNAUDITED``'s
+    queries, in arrival order; returns the number of audits written."""
+    skipped = set()
     audits = 0
     with path.open("w", encoding="utf-8") as out:
-        for e in with_audits(sim_queries, RATE, DEMO_JUDGE):
+        for e in generate(sim):
+            if e.topic == "queries" and e.event["segment"] == UNAUDITED:
+                skipped.add(e.key)
             if e.event.get("signal") == "audit":
                 if e.key in skipped:
                     continue

@@ -15,9 +15,9 @@ from tests.unit.audit.audited_replay import (
     NOW_MS,
     UNAUDITED,
     config,
-    queries,
     replayed,
     rolling,
+    traffic,
     write_events,
 )
 
@@ -27,7 +27,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Monitor, li
     out = []
     for seed in (21, 22):
         path = tmp_path_factory.mktemp("view") / "events.jsonl"
-        assert write_events(path, queries(seed)) > 100
+        assert write_events(path, traffic(seed)) > 100
         out.append(replayed(path))
     return out
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from service.core.monitor import Monitor
 from service.core.state import ServiceState
 from service.http.app import create_app
-from tests.unit.audit.audited_replay import NOW_MS, config, queries, replayed, write_events
+from tests.unit.audit.audited_replay import NOW_MS, config, replayed, traffic, write_events
 
 ROOT = Path(__file__).resolve().parents[3]
 DASHBOARDS = sorted((ROOT / "dashboards").glob("*.json"))
@@ -33,7 +33,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
     families too): after a replay with audits (local view), and of a replica of ``run``
     (global view: its own series)."""
     path = tmp_path_factory.mktemp("dashboards") / "events.jsonl"
-    write_events(path, queries(41, hours=1.5))
+    write_events(path, traffic(41, hours=1.5))
     local, _ = replayed(path)
     replica = Monitor(config(), lambda: NOW_MS, global_view=True)
     names = set()

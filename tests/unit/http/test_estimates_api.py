@@ -22,8 +22,8 @@ from tests.unit.audit.audited_replay import (
     NOW_MS,
     RATE,
     UNAUDITED,
-    queries,
     replayed,
+    traffic,
     write_events,
 )
 
@@ -33,7 +33,7 @@ FIELDS = ("observed", "estimate", "ci_low", "ci_high", "audited", "queries", "an
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> tuple[TestClient, list[ClosedWindow], Path]:
     path = tmp_path_factory.mktemp("estimates") / "events.jsonl"
-    assert write_events(path, queries(31)) > 100
+    assert write_events(path, traffic(31)) > 100
     monitor, windows = replayed(path)
     state = ServiceState(monitor, lambda: NOW_MS, needs_assignment=False)
     return TestClient(create_app(state)), windows, path
