@@ -19,7 +19,6 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from hashlib import sha256
 from multiprocessing.connection import Connection
 
 import msgspec
@@ -30,6 +29,7 @@ try:
 except ImportError:  # (not on Windows, where there is no fork either)
     fcntl = None  # type: ignore[assignment]
 
+from service.audit.sample import sampled
 from service.errors import InputFileError
 from service.offline.files import open_input
 from service.replay.lines import MAX_LINE_BYTES, chunks, decode_whole
@@ -124,15 +124,12 @@ def _decoded(  # noqa: PLR0917 - one call, in the reader
     """The item of a chunk whose lines all decoded (with the chunk ids of the events of
     the audit sample's queries: ``audit_threshold`` as ``sample_threshold`` gives it)."""
     prepared = prepare(events, grade)
-    sampled = [
-        audit_threshold > 0 and int.from_bytes(sha256(key).digest()[:8], "big") < audit_threshold
-        for key in prepared.keys
-    ]
+    audited = [audit_threshold > 0 and sampled(key, audit_threshold) for key in prepared.keys]
     lean: list[LeanQuery | LeanFeedback] = [
         LeanQuery(e.timestamp_ms, e.retriever, e.segment, e.context_k, e.chunk_ids() if s else None)
         if type(e) is QueryEvent
         else LeanFeedback(e.timestamp_ms, e.chunk_id if s else None)  # type: ignore[union-attr]
-        for e, s in zip(events, sampled, strict=True)
+        for e, s in zip(events, audited, strict=True)
     ]
     size = sum(map(len, chunk))
     return Decoded(file, first, size, lean, prepared)

@@ -26,7 +26,6 @@ aggregates of a window are a function of the input like the live ones.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import Counter, deque
 from collections.abc import Iterable, Sequence
@@ -36,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from service.audit.estimate import AuditSums
-from service.audit.sample import sample_threshold
+from service.audit.sample import sample_threshold, sampled
 from service.errors import EventError
 from service.metrics.ir import MetricKey, compute_metrics, judge_batch
 from service.stream.agreement import LIVE, delta
 from service.stream.events import AuditEvent
-from service.times import duration_field
+from service.times import duration_field, rfc3339_millis
 
 AuditKey = tuple[str, str, int]
 """(retriever, segment, audit window start)."""
@@ -133,8 +132,6 @@ class AuditRequest:
 
     def to_record(self) -> dict[str, object]:
         """The audit request record (the contract's fields)."""
-        from service.times import rfc3339_millis  # noqa: PLC0415 - only for the output
-
         record: dict[str, object] = {
             "query_id": self.query_id,
             "timestamp": rfc3339_millis(self.ts_ms),
@@ -210,8 +207,7 @@ class AuditJoin:
 
     def in_sample(self, query_id: bytes) -> bool:
         """Whether the query (id as UTF-8) is in the audit sample."""
-        digest = hashlib.sha256(query_id).digest()
-        return int.from_bytes(digest[:8], "big") < self.threshold
+        return sampled(query_id, self.threshold)
 
     def query(self, query_id: bytes, chunk_ids: list[str]) -> None:
         """A pending query of the sample: keep its chunk ids."""

@@ -80,12 +80,12 @@ class ClosedWindow:
     """The audits whose own time falls in this window, of queries of this slice: per
     metric key the audited sums (:mod:`service.audit.estimate`)."""
     audited: int = 0
+    """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
+    its earlier one: counted -1 then +1)."""
     judges: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """Judge agreement added by the audits of this window: per pair (``"a|b"``, or
     ``"a|live"``) the table (both relevant, only a, only b, neither) on the chunks both
     graded (:mod:`service.stream.agreement`)."""
-    """Audits counted in ``audit`` (a later audit of a query by the same judge replaces
-    its earlier one: counted -1 then +1)."""
     sources: Mapping[str, int] = field(default_factory=no_sources)
     """Per label source (``click``, ``citation``, ``judgment``: every one, always), the
     finalised queries with a relevant label (grade >= 1) from that source that the
