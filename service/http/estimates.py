@@ -88,21 +88,7 @@ def estimates(
         wm = view.watermark_ms
         found = view.estimates(span)
     rows = [
-        EstimateRow(
-            retriever=r,
-            segment=s,
-            metric=m,
-            window=label,
-            observed=e.observed,
-            estimate=e.estimate,
-            ci_low=e.ci_low,
-            ci_high=e.ci_high,
-            audited=e.audited,
-            queries=e.queries,
-            answerable_share=e.answerable_share,
-            few_audited=e.few,
-            kind=kinds,
-        )
+        EstimateRow(retriever=r, segment=s, metric=m, window=label, kind=kinds, **e.to_dict())
         for (r, s, m), e in found.items()
         if (not retriever or r == retriever)
         and (not segment or s == segment)
