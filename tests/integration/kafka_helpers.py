@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -211,7 +212,9 @@ class ServiceProcess:
                 return r.status, r.read()
         except urllib.error.HTTPError as error:
             return error.code, error.read()
-        except OSError:
+        except (OSError, http.client.HTTPException):
+            # not answering, or killed mid-answer (a failpoint's SIGKILL while a scrape's
+            # body is on its way: IncompleteRead is an HTTPException, not an OSError)
             return 0, b""
 
     def wait_until(self, condition: Callable[[], bool], timeout_s: float, what: str) -> None:
