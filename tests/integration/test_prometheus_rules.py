@@ -31,6 +31,7 @@ INSTALL = "bash deploy/local/monitoring.sh install"
 # Names other tools and dashboards rely on: renaming one is a breaking change.
 ALERTS = {
     "RetrievalQualityRegression",
+    "RetrievalLabelShift",
     "RetrievalQualityBelowFloor",
     "RetrievalLabelsStopped",
     "RetrievalJoinRateCollapse",
