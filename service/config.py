@@ -5,11 +5,9 @@ Flags win over the environment, which wins over the defaults. Durations accept `
 attributes end in ``_ms`` (``window_ms``), while the setting, its flag and its env var keep
 the contract's name (``window``, ``--window``, ``RETRIEVAL_MONITOR_WINDOW``).
 
-Each setting the core uses takes its default from the core's config
-(:class:`~service.stream.join_state.JoinConfig`,
-:class:`~service.stream.pipeline.PipelineConfig`,
-:class:`~service.detect.model.DetectorConfig`, :class:`~service.core.monitor.MonitorConfig`),
-and the detector's settings are checked by ``DetectorConfig`` itself:
+Each setting the core uses takes its default from the core's config (``JoinConfig``,
+``PipelineConfig``, ``DetectorConfig``, ``MonitorConfig``), and the detector's settings are
+checked by :class:`~service.detect.model.DetectorConfig` itself:
 :func:`monitor_config` builds the core's config from the settings: when they are loaded
 (so that a bad value is reported by its flag), and again by the command that uses it. The
 settings of the Kafka and HTTP edges have their defaults and checks here.
@@ -131,6 +129,7 @@ class Settings(BaseSettings):
     regression_alpha: float = default_of(DetectorConfig, "alpha")
     regression_tau: float = default_of(DetectorConfig, "tau")
     regression_drift_budget: float = default_of(DetectorConfig, "drift_budget")
+    regression_label_shift_budget: float = default_of(DetectorConfig, "label_shift_budget")
     regression_drift_period_ms: Duration = ms_setting(
         "regression_drift_period", DetectorConfig, "drift_period_ms"
     )
@@ -269,6 +268,7 @@ _DETECTOR_SETTINGS = {
     "alpha": "regression_alpha",
     "tau": "regression_tau",
     "drift_budget": "regression_drift_budget",
+    "label_shift_budget": "regression_label_shift_budget",
     "drift_period_ms": "regression_drift_period",
     "close_after_ms": "regression_close_after",
 }
@@ -314,6 +314,7 @@ def monitor_config(settings: Settings) -> MonitorConfig:
         alpha=settings.regression_alpha,
         tau=settings.regression_tau,
         drift_budget=settings.regression_drift_budget,
+        label_shift_budget=settings.regression_label_shift_budget,
         drift_period_ms=whole_windows(settings.regression_drift_period_ms, window),
         close_after_ms=whole_windows(settings.regression_close_after_ms, window),
     )

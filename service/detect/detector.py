@@ -58,12 +58,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.detect.budget import drift_family, phase_alpha
-from service.detect.deploys import find_previous
+from service.detect.deploys import deploy_comparison, find_previous
 from service.detect.history import SliceHistory, window_row
+from service.detect.label_shift import LabelShifts
 from service.detect.ledger import Decisions, Ledger, Recorder
 from service.detect.lifecycle import Lifecycle
 from service.detect.model import (
     DRIFT_LABEL,
+    LABELLED_SHARE,
     POOLED_SEGMENT,
     BoundaryTest,
     ComparisonKind,
@@ -73,11 +75,9 @@ from service.detect.model import (
     Plan,
     Regression,
     RegressionKey,
-    Sums,
 )
 from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
 from service.detect.status import ComparisonBook, WhyNot
-from service.detect.trend import trend_baseline, window_rows
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow, SliceKey
 from service.times import DAY_MS
@@ -85,6 +85,7 @@ from service.times import DAY_MS
 DEPLOY = ComparisonKind.DEPLOY
 CANARY = ComparisonKind.CANARY
 DRIFT = ComparisonKind.DRIFT
+LABEL_SHIFT = ComparisonKind.LABEL_SHIFT
 
 
 @dataclass(slots=True)
@@ -122,6 +123,7 @@ class Detector:
     comparisons: ComparisonBook = field(init=False)
     """Every comparison held, running or not (``/api/v1/tests``)."""
     _life: Lifecycle = field(init=False)
+    _shifts: LabelShifts = field(init=False)
 
     def __post_init__(self) -> None:
         self.opened = deque(maxlen=self.keep_opened)
@@ -129,6 +131,7 @@ class Detector:
         self._watched = self.config.watched
         self.comparisons = ComparisonBook(self._watched)
         self._life = Lifecycle(self.config, self._series, self._deploys, self._watched)
+        self._shifts = LabelShifts(self.config)
 
     def add(self, windows: Iterable[ClosedWindow]) -> None:
         """Merge closed windows (any partition, any order; a repeat replaces its copy)."""
@@ -139,6 +142,7 @@ class Detector:
             if series is None:
                 series = self._series[key] = SliceHistory(3 * len(self._watched))
             series.add(w.start_ms, w.partition, window_row(w, metrics, share))
+            self._shifts.add(w)
 
     def advance(self, closed_through_ms: int) -> list[Regression]:
         """Evaluate every boundary up to ``closed_through_ms``; return the regressions opened."""
@@ -187,8 +191,12 @@ class Detector:
 
     def _take_ledger(self, boundary: int) -> None:
         """Install a ledger waiting to be, before ``boundary`` if it speaks for none after."""
-        if self.recorder and (d := self.recorder.due(boundary, self.latest, self._life.resume)):
+        if self.recorder and (d := self.recorder.due(boundary, self.latest, self._resume)):
             self._install(d)
+
+    def _resume(self, regression: Regression, boundary: int) -> None:
+        kind = regression.opening.kind
+        (self._shifts.resume if kind == LABEL_SHIFT else self._life.resume)(regression, boundary)
 
     def _install(self, decisions: Decisions) -> None:
         """The ledger's decisions as of its last boundary (its own were scratch until then)."""
@@ -196,12 +204,17 @@ class Detector:
         self.opened = deque(decisions.opened, self.keep_opened)
         self.closed = deque(decisions.closed, self.keep_opened)
         self._spent = {r.run for r in decisions.closed}
+        self._shifts.install([*decisions.open, *decisions.closed])
 
     # -- one boundary ---------------------------------------------------------------------
 
     def _evaluate(self, boundary: int) -> list[Regression]:
         plans = self._plan(boundary)
-        results = self._look(plans)
+        period = self.config.drift_period_start(boundary)
+        # label shifts first: one opening now holds back the slice's drift openings now
+        shifts = self._shifts.look(boundary, period, self._drift_family(period))
+        results = [c for _, c in shifts] + self._look(plans)
+        plans = [p for p, _ in shifts] + plans
         before, self.latest = self.latest, {c.key: c for c in results}
         self.comparisons.looked(results, boundary)
         opened: list[Regression] = []
@@ -210,13 +223,19 @@ class Detector:
             if current is not None:
                 current.latest = c
             elif c.regressed and run_key(plan) not in self._spent:
-                regression = self._life.open(plan, c, boundary)
+                kind = plan.family.kind
+                if kind == DRIFT and self._shifts.held(plan.slice, plan.family.start_ms):
+                    continue  # (a change of the labels, not of retrieval)
+                shift = kind == LABEL_SHIFT
+                regression = (self._shifts.opened if shift else self._life.open)(plan, c, boundary)
                 self.open[c.key] = regression
                 self.opened.append(regression)
                 opened.append(regression)
         closing = []
         for regression in list(self.open.values()):
             reason = self._life.age(regression, boundary)
+            if reason is None and regression.opening.kind == LABEL_SHIFT:
+                reason = self._shifts.age(regression, boundary)
             if reason is not None:
                 regression.closed_ms = boundary + self.config.attribution_ms
                 regression.closed_reason = reason
@@ -245,7 +264,9 @@ class Detector:
             elif boundary > deploy.at_ms + cfg.deploy_watch_ms:
                 book.stopped(key, book.kind_of(key), deploy.previous, WhyNot.WATCH_ENDED)
             else:
-                comparison = self._plan_deploy(key, series, deploy, boundary)
+                comparison = deploy_comparison(
+                    cfg, self._series, self._canaried, key, deploy=deploy, boundary=boundary
+                )
                 if isinstance(comparison, WhyNot):
                     book.stopped(key, book.kind_of(key), deploy.previous, comparison)
                 else:
@@ -269,48 +290,6 @@ class Detector:
                 planned += self._pooled_plans(retriever, previous, group)
         return planned
 
-    def _plan_deploy(
-        self, key: SliceKey, series: SliceHistory, deploy: Deploy, boundary: int
-    ) -> Comparison | WhyNot:
-        """The canary comparison while the previous version serves beside the new one, the
-        deploy comparison once it does not; why not once the new version itself stopped
-        serving (a rollback: :mod:`service.detect.lifecycle` closes its regression) or a
-        deploy without a day of history is past its watch."""
-        cfg = self.config
-        if not series.served(boundary - cfg.candidate_ms, boundary):
-            return WhyNot.NOT_SERVING
-        # both sides end where the new version's evidence ends: its last closed window (not
-        # a later one already known, so that catching up equals stepping through)
-        end = series.starts[bisect.bisect_left(series.starts, boundary) - 1] + cfg.window_ms
-        previous = self._series.get((deploy.previous, key[1]))
-        candidate = series.total(deploy.at_ms, end)
-        since: Sums = previous.total(deploy.at_ms, end) if previous else [0] * series.width
-        # beside the new one: in its last hour of evidence, after the switch's own window
-        # (which holds both versions' queries of a full rollout)
-        recent = max(deploy.at_ms + cfg.window_ms, end - cfg.candidate_ms)
-        serving = previous is not None and previous.served(recent, end)
-        canaried = key in self._canaried
-        if serving:
-            self._canaried.add(key)
-            family = Family(CANARY, deploy.previous, phase_alpha(cfg.alpha, True), 1, deploy.at_ms)
-            return family, since, candidate
-        if deploy.daily and previous is not None:
-            # the previous version over the same hours one day earlier: a daily cycle of
-            # traffic and quality cancels (the full day before would not match the hours)
-            base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
-        else:  # less than a day of its history: a trend across the switch
-            if end - deploy.at_ms > cfg.no_history_watch_ms:
-                return WhyNot.WATCH_ENDED  # (past it the cycle's curvature would bias it)
-            # at least no_history_span_ms, then mirrored about the switch (where a quadratic
-            # part of a daily cycle cancels too)
-            span = min(cfg.baseline_ms, max(cfg.no_history_span_ms, end - deploy.at_ms))
-            # (none when the previous version's windows are forgotten: too few values)
-            before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms)
-            after = window_rows(series, deploy.at_ms, end, deploy.at_ms)
-            base = trend_baseline(before, after, len(self._watched), cfg.window_ms)
-        family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, canaried), 1, deploy.at_ms)
-        return family, base, candidate
-
     def _pooled_plans(self, retriever: str, previous: str, group: list[Comparison]) -> list[Plan]:
         """The deploy of ``retriever`` over every segment it replaced ``previous`` in, as
         one stratified test per metric (segment ``*``): its own ``alpha / 2``, halved
@@ -331,7 +310,13 @@ class Detector:
         return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
 
     def _look(self, plans: list[Plan]) -> list[BoundaryTest]:
-        cfg = self.config
+        cfg, caps = self.config, self._shifts.caps
+        # the labelled share's drift test: an intersection-union test over the sources
+        union = {
+            run_key(p): caps[p.slice]
+            for p in plans
+            if p.family.kind == DRIFT and p.metric == LABELLED_SHARE and p.slice in caps
+        }
         return look(
             plans,
             self._watched,
@@ -339,6 +324,7 @@ class Detector:
             cfg.min_effect,
             last_log_e=self._last_log_e,
             running=self._running,
+            caps=union,
         )
 
     def _drift_family(self, period: int) -> frozenset[SliceKey]:
@@ -378,10 +364,11 @@ class Detector:
         self._spent = {k for k in self._spent if self._live(k, boundary)}
         self._last_log_e = {k: e for k, e in self._last_log_e.items() if self._live(k, boundary)}
         self.comparisons.forget(set(self._series))
+        self._shifts.forget(keep_from, boundary)
 
     def _live(self, run: RunKey, boundary: int) -> bool:
         """This drift period's runs, and deploys still watched."""
-        if run[3] == DRIFT:
+        if run[3] in (DRIFT, LABEL_SHIFT):
             return run[4] == self.config.drift_period_start(boundary)
         return boundary <= run[4] + self.config.deploy_watch_ms
 

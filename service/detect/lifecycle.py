@@ -61,6 +61,22 @@ def replacement(
     return CloseReason.SUPERSEDED
 
 
+def recovered_run(
+    regression: Regression, boundary: int, gone: bool, close_after_ms: int
+) -> CloseReason | None:
+    """``recovered`` once the drop has been shown ``gone`` at every boundary for
+    ``close_after_ms`` (the run's first boundary kept in ``recovered_since_ms``), else
+    None."""
+    if not gone:
+        regression.recovered_since_ms = None
+        return None
+    if regression.recovered_since_ms is None:
+        regression.recovered_since_ms = boundary
+    if boundary - regression.recovered_since_ms >= close_after_ms:
+        return CloseReason.RECOVERED
+    return None
+
+
 class Lifecycle:
     """Ages the open regressions at each boundary, over the detector's slice histories."""
 
@@ -139,14 +155,8 @@ class Lifecycle:
         if recovery is None:
             return None
         regression.recovery_log_e = self._statistic(regression, recovery, boundary)
-        if regression.recovery_log_e < self.threshold:
-            regression.recovered_since_ms = None
-            return None
-        if regression.recovered_since_ms is None:
-            regression.recovered_since_ms = boundary
-        if boundary - regression.recovered_since_ms >= self.config.close_after_ms:
-            return CloseReason.RECOVERED
-        return None
+        gone = regression.recovery_log_e >= self.threshold
+        return recovered_run(regression, boundary, gone, self.config.close_after_ms)
 
     def resume(self, regression: Regression, boundary: int) -> None:
         """Set the recovery statistic and ``recovered_since_ms`` of a regression open at

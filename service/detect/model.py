@@ -34,6 +34,9 @@ class ComparisonKind(StrEnum):
     DEPLOY = "deploy"
     CANARY = "canary"
     DRIFT = "drift"
+    LABEL_SHIFT = "label_shift"
+    """Not of retrieval: one label source's labelled share against the same hours the day
+    before, dropping while the slice's other sources hold (:mod:`.label_shift`)."""
 
 
 class CloseReason(StrEnum):
@@ -109,6 +112,10 @@ class DetectorConfig:
     drift_budget: float = 0.5
     """Expected false drift alarms per 30 days for the whole deployment (all slices and
     metrics together)."""
+    label_shift_budget: float = 0.25
+    """Expected false label shifts (tickets, not pages) per 30 days for the whole
+    deployment, spent in the drift periods as ``drift_budget`` is, over every slice and
+    label source tested (:mod:`service.detect.label_shift`); beside ``drift_budget``."""
     drift_period_ms: int = duration_field("6h")
     """Drift tests restart every period (epoch-aligned), each spending its share of the
     budget; a slice is compared with itself one day earlier over the same hours."""
@@ -135,14 +142,16 @@ class DetectorConfig:
             raise ValueError(f"min_labelled must be at least 2, got {self.min_labelled}")
         if not 0.0 < self.alpha < 1.0:
             raise ValueError(f"alpha must lie in (0, 1), got {self.alpha}")
-        if not (
-            0.0 < self.drift_budget <= MAX_DRIFT_BUDGET
-            and self.drift_budget < DRIFT_BUDGET_SPAN_MS / self.drift_period_ms
-        ):
-            raise ValueError(
-                f"drift_budget must be positive, at most {MAX_DRIFT_BUDGET} and below 30 days "
-                f"over drift_period_ms, got {self.drift_budget}"
-            )
+        for name in ("drift_budget", "label_shift_budget"):
+            budget = getattr(self, name)
+            if not (
+                0.0 < budget <= MAX_DRIFT_BUDGET
+                and budget < DRIFT_BUDGET_SPAN_MS / self.drift_period_ms
+            ):
+                raise ValueError(
+                    f"{name} must be positive, at most {MAX_DRIFT_BUDGET} and below 30 days "
+                    f"over drift_period_ms, got {budget}"
+                )
         if not 0.0 < self.tau < 1.0:
             raise ValueError(f"tau must lie in (0, 1), got {self.tau}")
         if not 0.0 <= self.min_effect < 1.0:
@@ -159,6 +168,11 @@ class DetectorConfig:
     def drift_alpha(self) -> float:
         """One drift period's share of the budget, for all slices and metrics together."""
         return drift_alpha(self.drift_budget, self.drift_period_ms)
+
+    @property
+    def label_shift_alpha(self) -> float:
+        """One drift period's share of the label-shift budget (all slices and sources)."""
+        return drift_alpha(self.label_shift_budget, self.drift_period_ms)
 
     def drift_period_start(self, boundary_ms: int) -> int:
         """Start of the drift period whose windows end at ``boundary_ms`` (epoch-aligned)."""

@@ -11,6 +11,8 @@ regressed.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import NamedTuple
 
 from service.detect.budget import slice_level
@@ -164,12 +166,19 @@ def look(
     *,
     last_log_e: dict[RunKey, float],
     running: dict[RunKey, float],
+    caps: Mapping[RunKey, float] | None = None,
 ) -> list[BoundaryTest]:
     """Measure every plan of a boundary, close the e-values over each slice's metrics (a
     metric not tested now counts with its run's latest e-value, or 1), conclude; keeps
-    each run's latest log e-value and smallest p in ``last_log_e`` and ``running``."""
+    each run's latest log e-value and smallest p in ``last_log_e`` and ``running``.
+    ``caps``: runs whose log e-value is at most this (an intersection-union test's)."""
     measured = [measure(plan, tau) for plan in plans]
     runs = [run_key(p) for p in plans]
+    for i, run in enumerate(runs):
+        if caps and run in caps:
+            r = measured[i].result
+            capped = replace(r, log_e_drop=min(r.log_e_drop, caps[run]))
+            measured[i] = measured[i]._replace(result=capped)
     for run, m in zip(runs, measured, strict=True):
         last_log_e[run] = m.result.log_e_drop
     groups: dict[tuple[SliceKey, Family], list[int]] = {}

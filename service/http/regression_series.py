@@ -55,8 +55,9 @@ def regression_series(state: ServiceState) -> list[Metric]:
     info = GaugeMetricFamily(
         "retrieval_regression_info",
         "1 for the test behind each regression series: kind deploy (against the previous "
-        "version's past), canary (against it over the same span) or drift (against the "
-        f"same hours the day before). {GLOBAL}",
+        "version's past), canary (against it over the same span), drift (against the "
+        "same hours the day before) or label_shift (one label source's share fell while "
+        f"the others held: a change of the labels, not of retrieval). {GLOBAL}",
         labels=[*labels, "kind"],
     )
     # the global view speaks once it has a boundary, on every replica alike; a local

@@ -15,7 +15,10 @@ between 00:00 and 16:00 (night and day alike), whose kind sets the run:
 * ``find rate only``: a version that finds the answer 15 points less often, where a
   miss leaves no label at all (the labels cannot see the misses; the labelled share can);
 * ``rollback``: the bad version, rolled back after two hours;
-* ``slow drift``: no deploy; every version's find rate decays by 8 points over six hours.
+* ``slow drift``: no deploy; every version's find rate decays by 8 points over six hours;
+* ``citations halved`` / ``clicks halved``: no deploy, retrieval unchanged; from the
+  event on, every citation (a prompt change) or every click (a page redesign) is half as
+  likely. A ``label_shift`` should open (a ticket) and no retrieval regression (a page).
 
 In the drop runs every relevant chunk the retriever missed is still surfaced later
 (cited through another route or judged), so a find-rate drop lowers the measured
@@ -84,8 +87,12 @@ KINDS = (
     "find rate only",
     "rollback",
     "slow drift",
+    "citations halved",
+    "clicks halved",
 )
 NULL_KINDS = ("no-change", "no-change canary")
+LABEL_KINDS = ("citations halved", "clicks halved")
+LABEL_SHIFT = "label_shift"
 ORACLE_DELAYS = tuple(range(15, 301, 15))
 """Minutes after the event at which the oracle may make its one look."""
 ORACLE_MATURITIES = (30, 5)
@@ -137,6 +144,11 @@ def simulation(
         shape = replace(shape, rollback_at_ms=event + 2 * HOUR_MS)
     elif kind == "slow drift":
         shape = replace(shape, drift_start_ms=event, drift_ms=6 * HOUR_MS, drift_drop=0.08)
+    elif kind == "citations halved":
+        shape = replace(shape, citations_scale=0.5, citations_scale_at_ms=event)
+    elif kind == "clicks halved":
+        shape = replace(shape, clicks_scale=0.5, clicks_scale_at_ms=event)
+    unchanged = kind in ("slow drift", *LABEL_KINDS)
     return SimulationConfig(
         seed=seed,
         start_ms=start,
@@ -144,8 +156,8 @@ def simulation(
         queries_per_hour=queries_per_hour,
         segments=segments,
         before=HYBRID_V7,
-        after=None if kind == "slow drift" else after,
-        switch_at_ms=None if kind == "slow drift" else event,
+        after=None if unchanged else after,
+        switch_at_ms=None if unchanged else event,
         quality_drop=drop,
         unretrieved_citation_rate=cited,
         shape=shape,
@@ -212,9 +224,16 @@ def run_one(
         for r in monitor.detector.opened
     ]
     per_look = per_look_alarms(windows, {NEW: HYBRID_V7.name}, cfg.window_ms, cfg.attribution_ms)
-    event_ms = sim.switch_at_ms or (sim.shape.drift_start_ms if sim.shape else None) or 0
+    shape = sim.shape or TrafficShape()
+    event_ms = (
+        sim.switch_at_ms
+        or shape.drift_start_ms
+        or shape.citations_scale_at_ms
+        or shape.clicks_scale_at_ms
+        or 0
+    )
     oracle = {}
-    if kind not in (*NULL_KINDS, "slow drift"):
+    if kind not in (*NULL_KINDS, *LABEL_KINDS, "slow drift"):
         concurrent = kind.startswith("canary")
         for metric in cfg.watched:
             for d in ORACLE_DELAYS:
@@ -292,9 +311,15 @@ def tune_threshold(runs: list[RunResult], allowed: int) -> float:
 
 
 def delay(run: RunResult, alarms: list[Alarm]) -> int | None:
-    """Time from the event to the first alarm that catches it (None: missed)."""
-    wanted = HYBRID_V7.name if run.kind == "slow drift" else NEW
-    after = [at - run.event_ms for r, _, _, at, _ in alarms if r == wanted and at >= run.event_ms]
+    """Time from the event to the first alarm that catches it (None: missed): a label
+    shift for a change of the labels, a regression of retrieval for the others."""
+    wanted = HYBRID_V7.name if run.kind in ("slow drift", *LABEL_KINDS) else NEW
+    shift = run.kind in LABEL_KINDS
+    after = [
+        at - run.event_ms
+        for r, _, _, at, kind in alarms
+        if r == wanted and at >= run.event_ms and (kind == LABEL_SHIFT) == shift
+    ]
     return min(after) if after else None
 
 
@@ -383,14 +408,34 @@ def main() -> int:
     print()
     print("| event | rule | detected | median delay | alarms before the event |")
     print("|---|---|---|---|---|")
-    for kind in kinds:
+    for kind in (k for k in kinds if k not in LABEL_KINDS):
         runs = [r for r in results if r.kind == kind]
         print(row(kind, "**sequential detector**", runs, [r.detector for r in runs]))
         print(row(kind, "per-look Welch detector", runs, [r.per_look for r in runs]))
         static = [static_alarms(r.static_series, threshold) for r in runs]
         print(row(kind, f"static threshold (T = {threshold:.3f})", runs, static))
+    print_label_kinds(results, [k for k in kinds if k in LABEL_KINDS])
     print_oracle([r for r in results if r.oracle], kinds, args.short)
     return 0
+
+
+def print_label_kinds(results: list[RunResult], kinds: list[str]) -> None:
+    """Changes of the labels, not of retrieval: a label shift (a ticket) should open, and
+    no regression of a retrieval metric (a page) at or after the change."""
+    if not kinds:
+        return
+    print()
+    print("| label change | label shift opened | median delay | runs with a page after it |")
+    print("|---|---|---|---|")
+    for kind in kinds:
+        runs = [r for r in results if r.kind == kind]
+        delays = [delay(r, r.detector) for r in runs]
+        found = [d for d in delays if d is not None]
+        median = f"{statistics.median(found) / 60_000:.0f} min" if found else "-"
+        paged = sum(
+            any(k != LABEL_SHIFT and at >= r.event_ms for *_, at, k in r.detector) for r in runs
+        )
+        print(f"| {kind} | {len(found)}/{len(runs)} | {median} | {paged}/{len(runs)} |")
 
 
 def print_oracle(results: list[RunResult], kinds: list[str], short: bool = False) -> None:

@@ -255,3 +255,32 @@ def test_chunks_that_decode_whole_replay_as_line_by_line(
     shown = [line.split(": skipped (") for line in chunked_errors.getvalue().splitlines()]
     assert [(where.rsplit("/", 1)[-1], rest.split(")")[0]) for where, rest in shown] == expected
     assert len(chunked[0]) > 10
+
+
+@pytest.mark.parametrize(
+    ("flag", "source"), [("--halve-citations-at", "citation"), ("--halve-clicks-at", "click")]
+)
+def test_a_halved_source_replays_as_a_label_shift_not_a_retrieval_regression(
+    tmp_path: Path, flag: str, source: str
+) -> None:
+    """Retrieval unchanged, every citation half as likely from hour 26: the replayed
+    detector opens label shifts of that source (one per segment at most) and nothing
+    else; before the label_shift test, this opened drift regressions of the labelled
+    share (docs/detection.md, "Label shifts")."""
+    events = tmp_path / "events.jsonl"
+    code = main(
+        [
+            "simulate", "--jsonl", str(events), "--start", "2026-11-30T00:00:00Z",
+            "--hours", "30h", flag, "26h", "--seed", "31", "--queries-per-hour", "1500",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    out = tmp_path / "regressions.jsonl"
+    assert main(["replay", str(events), "--regressions-out", str(out)]) == 0
+    opened = [json.loads(line) for line in out.read_text().splitlines()]
+    assert opened
+    assert {(r["kind"], r["metric"], r["baseline"]) for r in opened} == {
+        ("label_shift", f"source_labelled_share:{source}", "previous_day")
+    }
+    assert all(r["opened_at"] > "2026-12-01T02:00:00Z" for r in opened)
+    assert all(r["delta"] < 0 for r in opened)
