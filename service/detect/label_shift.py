@@ -23,10 +23,10 @@ A real retrieval drop lowers every source at once.
 * **What it holds back**: while a slice has a label shift open, and for the rest of every
   drift period in which it had one, the slice's drift regressions of retrieval metrics
   do not open (its deploy and canary comparisons run as before). And the drift test of
-  the labelled share is an intersection-union test over the sources: its e-value is the
-  smallest of its own and the sources' (:attr:`LabelShifts.caps`), which under "some
-  source's share did not drop" is still an e-value, so a drop of one source alone
-  never opens a labelled-share regression, whatever the timing.
+  the labelled share is an intersection-union test over the major sources: its e-value
+  is the smallest of its own and theirs (:attr:`LabelShifts.caps`), which under "some
+  source's share did not drop" is still an e-value (and never above its own), so a drop
+  of one major source alone never opens a labelled-share regression, whatever the timing.
 * **Closing**: as ``rolled_back`` or ``superseded`` when its version stops serving
   (:mod:`service.detect.lifecycle`, as any regression); as ``recovered`` once, at every
   boundary for ``close_after_ms``, the source's share over the last ``candidate_ms``
@@ -69,6 +69,9 @@ SOURCE_METRIC = "source_labelled_share:"
 HOLD_SHARE = 0.5
 """Another source holds when its relative drop is less than this share of the tested
 source's (a retrieval drop lowers every source: none holds)."""
+MAJOR_SHARE = 0.25
+"""A source takes part in the labelled share's intersection-union test when its share is
+at least this part of the largest source's (:func:`_union_cap`)."""
 CATCH_UP_MIN = 30
 """Labelled queries from the source the day-before hour needs for the closing check."""
 
@@ -84,6 +87,16 @@ def source_row(window: ClosedWindow) -> list[int]:
         labelled = window.sources.get(source, 0) * SCALE
         row += (window.queries, labelled, labelled)
     return row
+
+
+def _union_cap(measured: Iterable[tuple[Plan, Measured]]) -> float:
+    """The smallest drop log e-value of the slice's major sources: those whose baseline
+    share is at least ``MAJOR_SHARE`` of the largest one's. A minor source (a few
+    judgments) barely moves the labelled share when it shifts, and under a real drop its
+    small share gathers evidence slowly: it would only slow the labelled share's test."""
+    ms = [m for _, m in measured]
+    largest = max(m.baseline_mean for m in ms)
+    return min(m.result.log_e_drop for m in ms if m.baseline_mean >= MAJOR_SHARE * largest)
 
 
 def relative(m: Measured) -> float:
@@ -138,7 +151,7 @@ class LabelShifts:
                     measured[i] = plan, measure(plan, cfg.tau)
             if not measured:
                 continue
-            self.caps[key] = min(m.result.log_e_drop for _, m in measured.values())
+            self.caps[key] = _union_cap(measured.values())
             for i, (plan, m) in measured.items():
                 run = run_key(plan)
                 test, smallest = conclude(

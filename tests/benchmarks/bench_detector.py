@@ -415,6 +415,12 @@ def main() -> int:
         static = [static_alarms(r.static_series, threshold) for r in runs]
         print(row(kind, f"static threshold (T = {threshold:.3f})", runs, static))
     print_label_kinds(results, [k for k in kinds if k in LABEL_KINDS])
+    changed = [r for r in results if r.kind in kinds and r.kind not in LABEL_KINDS]
+    shifted = sum(any(k == LABEL_SHIFT for *_, k in r.detector) for r in changed)
+    print(
+        f"\nruns where retrieval changed (labels not) with a label shift opened: "
+        f"{shifted}/{len(changed)}"
+    )
     print_oracle([r for r in results if r.oracle], kinds, args.short)
     return 0
 
