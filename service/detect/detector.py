@@ -227,6 +227,8 @@ class Detector:
                 if kind == DRIFT and self._shifts.held(plan.slice, plan.family.start_ms):
                     continue  # (a change of the labels, not of retrieval)
                 shift = kind == LABEL_SHIFT
+                if shift and self._retrieval_open(plan.slice):
+                    continue  # (its sources moved apart because retrieval changed)
                 regression = (self._shifts.opened if shift else self._life.open)(plan, c, boundary)
                 self.open[c.key] = regression
                 self.opened.append(regression)
@@ -247,6 +249,12 @@ class Detector:
             left = [self.open[k] for k in before if k not in self.latest and k in self.open]
             self.recorder.evaluated(boundary, opened, closing, left)
         return opened
+
+    def _retrieval_open(self, key: SliceKey) -> bool:
+        """A regression of retrieval is open in this slice (a label shift then does not
+        open: a drop of the answers found lowers clicks more than citations that also
+        reach chunks retrieval missed)."""
+        return any(key in r.slices and r.opening.kind != LABEL_SHIFT for r in self.open.values())
 
     def _plan(self, boundary: int) -> list[Plan]:
         """Every look to make at this boundary: deploys, pooled deploys, drift."""

@@ -18,7 +18,10 @@ A real retrieval drop lowers every source at once.
 * **A label shift** of a source opens when its test reaches its level, its share fell by
   at least ``min_effect``, and every other source of the slice with ``min_labelled``
   labels on both sides fell by less than half as much, relatively (``HOLD_SHARE``): at
-  least one other source must hold. ``kind`` ``label_shift``, ``metric``
+  least one other source must hold. Not while a regression of retrieval of the slice is
+  open (:class:`service.detect.detector.Detector`): retrieval is then known to have
+  changed, and a drop of the answers found lowers clicks more than citations, which also
+  reach chunks retrieval missed. ``kind`` ``label_shift``, ``metric``
   ``source_labelled_share:<source>``, ``baseline`` ``previous_day``.
 * **What it holds back**: while a slice has a label shift open, and for the rest of every
   drift period in which it had one, the slice's drift regressions of retrieval metrics

@@ -35,11 +35,12 @@ def labelled_traffic(
     click: tuple[float, float] = (0.5, 0.5),
     cite: tuple[float, float] = (0.6, 0.6),
     judge: float = 0.0,
+    good: tuple[float, float] = (0.9, 0.9),
     segment: str = "kb",
 ) -> list[ClosedWindow]:
     """Windows of one version: each query finds the answer with probability ``find``;
     a query that did is clicked with ``click`` and cited with ``cite`` (independently),
-    and its recall@5 is 1 with probability 0.9 when clicked, else 0.6 (the sources see
+    and its recall@5 is 1 with probability ``good`` (0.9) when clicked, else 0.6 (the sources see
     different queries: a change of their mix moves recall). Each pair: before and from
     ``at`` on (the hour ``at`` after T0; None: no change). ``judge``: the share of
     the queries that found it that are judged relevant too (a minor source)."""
@@ -48,13 +49,13 @@ def labelled_traffic(
     for i in range(hours * 12):
         start = T0 + i * W
         after = at is not None and start >= T0 + at * H
-        f, pc, pt = (pair[after] for pair in (find, click, cite))
+        f, pc, pt, p = (pair[after] for pair in (find, click, cite, good))
         found = rng.random(PER_WINDOW) < f
         clicked = found & (rng.random(PER_WINDOW) < pc)
         cited = found & (rng.random(PER_WINDOW) < pt)
         judged = found & (rng.random(PER_WINDOW) < judge)
         labelled = clicked | cited | judged
-        recall = rng.random(PER_WINDOW) < np.where(clicked, 0.9, 0.6)
+        recall = rng.random(PER_WINDOW) < np.where(clicked, p, 0.6)
         values = recall[labelled].astype(np.float64)
         out.append(
             ClosedWindow(
@@ -142,6 +143,22 @@ def test_a_minor_source_does_not_slow_the_labelled_shares_test() -> None:
     share = with_judgments.latest["v7", "kb", LABELLED_SHARE, "previous_day"]
     assert judged.log_e < share.log_e  # (it would have capped the labelled share)
     assert opened["with"][0].evidence_end_ms <= opened["without"][0].evidence_end_ms + H
+
+
+def test_no_label_shift_opens_while_a_regression_of_retrieval_is_open() -> None:
+    """Recall falls at hour 50 (a drift regression opens); clicks halve at hour 52. A
+    drop of the answers found lowers clicks more than citations (which also reach chunks
+    retrieval missed), so with retrieval known to have changed the sources' moving apart
+    is no label shift."""
+    before = labelled_traffic(60, seed=9, at=50, good=(0.9, 0.6))
+    after = labelled_traffic(60, seed=9, at=50, good=(0.9, 0.6), click=(0.5, 0.25))
+    windows = [b if b.start_ms < T0 + 52 * H else a for b, a in zip(before, after, strict=True)]
+    detector = run(windows)
+    kinds = [r.opening.kind for r in detector.opened]
+    assert kinds
+    assert "label_shift" not in kinds
+    clicks = detector.latest["v7", "kb", "source_labelled_share:click", "previous_day"]
+    assert clicks.regressed  # it would have opened
 
 
 def test_a_source_alone_in_its_slice_is_no_label_shift() -> None:
