@@ -44,6 +44,10 @@ Metrics: the configured ones plus the labelled share (queries with a relevant la
   period; the period's share of the budget is split over the slices that had
   ``min_labelled`` queries the day before the period began (fixed for the period).
 
+* **label shift**: in the same periods, each slice's label sources' shares against the
+  same hours a day earlier, on their own budget; one falling while the others hold opens a
+  ``label_shift`` and holds the slice's drift openings back (:mod:`.label_shift`).
+
 A regression stays open while its version serves, whether or not its comparison still
 runs; it closes only as ``rolled_back``, ``superseded`` or ``recovered``
 (:mod:`service.detect.lifecycle`). Every comparison held, running or not and why not:
