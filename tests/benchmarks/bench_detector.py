@@ -53,6 +53,7 @@ by default; about 25 minutes on 2 cores). Prints a table; nothing is asserted.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -444,44 +445,107 @@ def print_label_kinds(results: list[RunResult], kinds: list[str]) -> None:
         print(f"| {kind} | {len(found)}/{len(runs)} | {median} | {paged}/{len(runs)} |")
 
 
+ORACLE_ALPHA = 1 / 30
+"""The oracle's level: the whole budget of a deploy when one deploy a day may raise at
+most one false alarm per 30 days."""
+
+
+def oracle_shares(
+    runs: list[RunResult], kind: str, maturity: int, baseline: int
+) -> tuple[str, dict[int, float]]:
+    """The oracle's best metric for these runs (the largest median drop z at its target
+    delay: 180 min for a canary, else 60) and the share of runs it finds at each delay."""
+    metrics = sorted({metric for r in runs for metric, _, _ in r.oracle})
+    target = 180 if kind.startswith("canary") else 60
+    best = max(
+        metrics,
+        key=lambda x: (
+            -statistics.median(
+                z if z is not None else 0.0 for z in _oracle_zs(runs, x, target, maturity, baseline)
+            )
+        ),
+    )
+    shares = {
+        d: power(_oracle_zs(runs, best, d, maturity, baseline), ORACLE_ALPHA) for d in ORACLE_DELAYS
+    }
+    return best, shares
+
+
+def first_delay(shares: dict[int, float], share: float) -> int | None:
+    """The first delay (minutes) at which the oracle finds ``share`` of the runs."""
+    return next((d for d in ORACLE_DELAYS if shares[d] >= share), None)
+
+
 def print_oracle(results: list[RunResult], kinds: list[str], short: bool = False) -> None:
-    """The oracle's one look (see oracle_bound) at one-sided level 1/30, the whole budget
-    of a deploy when one deploy a day may raise at most one false alarm per 30 days
-    (``short``: without a day of history, against the detector's trend baseline)."""
-    alpha = 1 / 30
+    """The oracle's one look (see oracle_bound) at one-sided level 1/30 (``short``:
+    without a day of history, against the detector's trend baseline), then the detector's
+    delays as ratios to the oracle's at the same baseline."""
     print(
-        f"\nthe oracle's one look at level {alpha:.3f} (knows the time, the metric, the "
-        "direction): share of runs it finds at each delay"
+        f"\nthe oracle's one look at level {ORACLE_ALPHA:.3f} (knows the time, the metric, "
+        "the direction): share of runs it finds at each delay"
     )
     print()
     print("| event | maturity | baseline | metric | 60 min | 120 min | 180 min | 50% at | 95% at |")
     print("|---|---|---|---|---|---|---|---|---|")
+    ratios = []
     for kind in kinds:
         runs = [r for r in results if r.kind == kind]
         if not runs:
             continue
-        metrics = sorted({metric for r in runs for metric, _, _ in r.oracle})
-        target = 180 if kind.startswith("canary") else 60
         for maturity in ORACLE_MATURITIES:
             for b, base in enumerate(("trend" if short else "day", "known")):
-                best = max(
-                    metrics,
-                    key=lambda x: (
-                        -statistics.median(
-                            z if z is not None else 0.0
-                            for z in _oracle_zs(runs, x, target, maturity, b)
-                        )
-                    ),
-                )
-                shares = {
-                    d: power(_oracle_zs(runs, best, d, maturity, b), alpha) for d in ORACLE_DELAYS
-                }
-                half = next((f"{d} min" for d in ORACLE_DELAYS if shares[d] >= 0.5), "-")
-                most = next((f"{d} min" for d in ORACLE_DELAYS if shares[d] >= 0.95), "-")
+                best, shares = oracle_shares(runs, kind, maturity, b)
+                half, most = first_delay(shares, 0.5), first_delay(shares, 0.95)
                 print(
                     f"| {kind} | {maturity} min | {base} | {best} | {shares[60]:.0%} | "
-                    f"{shares[120]:.0%} | {shares[180]:.0%} | {half} | {most} |"
+                    f"{shares[120]:.0%} | {shares[180]:.0%} | {_minutes(half)} | "
+                    f"{_minutes(most)} |"
                 )
+                if b == 0:
+                    ratios.append((kind, maturity, base, runs, half, most))
+    print_ratios(ratios)
+
+
+def print_ratios(
+    ratios: list[tuple[str, int, str, list[RunResult], int | None, int | None]],
+) -> None:
+    """The detector's median delay over the oracle's (50% found), and the delay by which
+    it found 95% of the runs over the oracle's 95%, at the detector's own baseline: how
+    near the limit it detects (1.0 is the oracle's one look)."""
+    if not ratios:
+        return
+    print(
+        "\nthe sequential detector against the oracle (same runs, the detector's baseline): "
+        "its median delay over the oracle's 50%, its 95% over the oracle's 95%"
+    )
+    print()
+    print(
+        "| event | oracle maturity | detector median | oracle 50% | ratio "
+        "| detector 95% | oracle 95% | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for kind, maturity, _, runs, half, most in ratios:
+        delays = sorted(d for r in runs if (d := delay(r, r.detector)) is not None)
+        median = statistics.median(delays) / 60_000 if delays else None
+        # the delay by which 95% of all runs were found (None: fewer were found)
+        at95 = (
+            delays[math.ceil(0.95 * len(runs)) - 1] / 60_000
+            if len(delays) >= math.ceil(0.95 * len(runs))
+            else None
+        )
+        print(
+            f"| {kind} | {maturity} min | {_minutes(median)} | {_minutes(half)} | "
+            f"{_ratio(median, half)} | {_minutes(at95)} | {_minutes(most)} | "
+            f"{_ratio(at95, most)} |"
+        )
+
+
+def _minutes(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} min"
+
+
+def _ratio(detector: float | None, oracle: int | None) -> str:
+    return "-" if detector is None or not oracle else f"{detector / oracle:.1f}"
 
 
 def _oracle_zs(
