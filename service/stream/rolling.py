@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from service.audit.estimate import AUDIT_TERMS, AuditSums
-from service.metrics.aggregates import MetricAggregates, Moments, merge_into
+from service.metrics.aggregates import MetricAggregates, merge_into
 from service.metrics.ir import MetricKey
 from service.stream.labels import SOURCES
 from service.stream.windows import ClosedWindow, SliceKey, no_sources
@@ -34,25 +34,16 @@ class SliceTotals:
     sources: dict[str, int] = field(default_factory=no_sources)
     """Per label source, the queries with a relevant label from it (every source)."""
 
-    def add(
-        self,
-        queries: int,
-        labelled: int,
-        metrics: Mapping[str, Moments],
-        *,
-        context_queries: int = 0,
-        audit: Mapping[MetricKey, AuditSums] | None = None,
-        sources: Mapping[str, int] | None = None,
-    ) -> None:
+    def add(self, w: ClosedWindow) -> None:
         """Merge one more window in."""
-        self.queries += queries
-        self.labelled += labelled
-        merge_into(self.metrics, metrics)  # in place: a view takes many windows one at a time
-        self.context_queries += context_queries
-        if audit:
-            self._merge_audit(*_flatten(audit))
-        if sources:
-            self._merge_sources(sources)
+        self.queries += w.queries
+        self.labelled += w.labelled
+        merge_into(self.metrics, w.metrics)  # in place: a view takes many windows one at a time
+        self.context_queries += w.context_queries
+        if w.audit:
+            self._merge_audit(*_flatten(w.audit))
+        if w.sources:
+            self._merge_sources(w.sources)
 
     def merge(self, other: SliceTotals) -> None:
         """Merge the totals of other windows in: every field, exactly."""
@@ -154,25 +145,11 @@ class ClosedWindows:
         block_ms = self._block_ms
         for w in windows:
             totals = self._by_key.setdefault((w.retriever, w.segment, w.start_ms), SliceTotals())
-            totals.add(
-                w.queries,
-                w.labelled,
-                w.metrics,
-                context_queries=w.context_queries,
-                audit=w.audit,
-                sources=w.sources,
-            )
+            totals.add(w)
             # (a block starting before the horizon is dropped below, before any view)
             block = w.start_ms - w.start_ms % block_ms
             merged = self._blocks.setdefault((w.retriever, w.segment, block), SliceTotals())
-            merged.add(
-                w.queries,
-                w.labelled,
-                w.metrics,
-                context_queries=w.context_queries,
-                audit=w.audit,
-                sources=w.sources,
-            )
+            merged.add(w)
             if self._latest_end_ms is None or w.end_ms > self._latest_end_ms:
                 self._latest_end_ms = w.end_ms
         if self._latest_end_ms is not None:

@@ -50,14 +50,7 @@ def _naive(
     out: dict[tuple[str, str], SliceTotals] = {}
     for w in kept:
         if until - span < w.end_ms <= until:
-            out.setdefault((w.retriever, w.segment), SliceTotals()).add(
-                w.queries,
-                w.labelled,
-                w.metrics,
-                context_queries=w.context_queries,
-                audit=w.audit,
-                sources=w.sources,
-            )
+            out.setdefault((w.retriever, w.segment), SliceTotals()).add(w)
     return {key: _fields(t) for key, t in out.items()}
 
 
