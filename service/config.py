@@ -29,6 +29,7 @@ from service.detect.model import DetectorConfig
 from service.errors import ConfigError
 from service.metrics.ir import metric_keys
 from service.setting_values import (
+    DETECTOR_SETTINGS,
     ENV_PREFIX,
     Cutoffs,
     Duration,
@@ -38,6 +39,7 @@ from service.setting_values import (
     default_of,
     ms_setting,
     parse_ks,
+    whole_windows,
 )
 from service.stream.audit_join import AuditConfig
 from service.stream.join_state import JoinConfig
@@ -77,6 +79,7 @@ class Settings(BaseSettings):
     queries_topic: str = "retrieval.queries"
     feedback_topic: str = "retrieval.feedback"
     windows_topic: str = "retrieval.windows"
+    early_windows_topic: str | None = None  # (unset: <windows_topic>.early)
     regressions_topic: str = "retrieval.regressions"
     deadletter_topic: str = "retrieval.deadletter"
     group_id: str = "retrieval-monitor"
@@ -130,6 +133,7 @@ class Settings(BaseSettings):
     regression_tau: float = default_of(DetectorConfig, "tau")
     regression_drift_budget: float = default_of(DetectorConfig, "drift_budget")
     regression_label_shift_budget: float = default_of(DetectorConfig, "label_shift_budget")
+    regression_label_age_ms: Duration = ms_setting("regression_label_age", JoinConfig, "early_ms")
     regression_drift_period_ms: Duration = ms_setting(
         "regression_drift_period", DetectorConfig, "drift_period_ms"
     )
@@ -215,13 +219,18 @@ class Settings(BaseSettings):
             monitor_config(self)
         except ValueError as error:
             message = str(error)
-            setting = _DETECTOR_SETTINGS.get(message.split(" ", 1)[0])
+            setting = DETECTOR_SETTINGS.get(message.split(" ", 1)[0])
             if setting is None:
                 raise
             raise PydanticCustomError(
                 "core_config", "{message}", {"message": message, "setting": setting}
             ) from None
         return self
+
+    @property
+    def early_topic(self) -> str:
+        """Where the early windows go (``EARLY_WINDOWS_TOPIC``, or the windows topic's)."""
+        return self.early_windows_topic or f"{self.windows_topic}.early"
 
     @property
     def watched_metrics(self) -> tuple[str, ...]:
@@ -256,30 +265,6 @@ class Settings(BaseSettings):
         return config
 
 
-_DETECTOR_SETTINGS = {
-    "metrics": "regression_metrics",
-    "candidate_ms": "regression_candidate",
-    "baseline_ms": "regression_baseline",
-    "deploy_watch_ms": "regression_deploy_watch",
-    "no_history_watch_ms": "regression_no_history_watch",
-    "no_history_span_ms": "regression_no_history_span",
-    "min_labelled": "regression_min_labelled",
-    "min_effect": "regression_min_effect",
-    "alpha": "regression_alpha",
-    "tau": "regression_tau",
-    "drift_budget": "regression_drift_budget",
-    "label_shift_budget": "regression_label_shift_budget",
-    "drift_period_ms": "regression_drift_period",
-    "close_after_ms": "regression_close_after",
-}
-"""A DetectorConfig field (its check's message starts with it) -> the setting it comes from."""
-
-
-def whole_windows(span_ms: int, window_ms: int) -> int:
-    """A span rounded up to whole windows (the detector compares whole windows)."""
-    return -(-span_ms // window_ms) * window_ms
-
-
 def monitor_config(settings: Settings) -> MonitorConfig:
     """The core's parameters from the service settings (the detector's spans in whole
     windows; it checks its own parameters, ValueError naming the field)."""
@@ -290,6 +275,7 @@ def monitor_config(settings: Settings) -> MonitorConfig:
         window_ms=window,
         max_out_of_orderness_ms=settings.max_out_of_orderness_ms,
         idle_timeout_ms=settings.idle_timeout_ms,
+        early_ms=settings.regression_label_age_ms,
     )
     pipeline = PipelineConfig(
         join=join,

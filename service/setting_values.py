@@ -87,3 +87,27 @@ def ms_setting(setting: str, default: type[Any] | str, name: str = "") -> Any:
     (``default, name``) or, for a setting only the edges use, the duration written here."""
     written = default if isinstance(default, str) else default_of(default, name)
     return Field(written, validation_alias=ENV_PREFIX + setting.upper())
+
+
+def whole_windows(span_ms: int, window_ms: int) -> int:
+    """A span rounded up to whole windows (the detector compares whole windows)."""
+    return -(-span_ms // window_ms) * window_ms
+
+
+DETECTOR_SETTINGS = {
+    "metrics": "regression_metrics",
+    "candidate_ms": "regression_candidate",
+    "baseline_ms": "regression_baseline",
+    "deploy_watch_ms": "regression_deploy_watch",
+    "no_history_watch_ms": "regression_no_history_watch",
+    "no_history_span_ms": "regression_no_history_span",
+    "min_labelled": "regression_min_labelled",
+    "min_effect": "regression_min_effect",
+    "alpha": "regression_alpha",
+    "tau": "regression_tau",
+    "drift_budget": "regression_drift_budget",
+    "label_shift_budget": "regression_label_shift_budget",
+    "drift_period_ms": "regression_drift_period",
+    "close_after_ms": "regression_close_after",
+}
+"""A DetectorConfig field (its check's message starts with it) -> the setting it comes from."""

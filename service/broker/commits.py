@@ -5,13 +5,11 @@ One component owns every piece of it, so it can be read (and tested) in one plac
 * **sent, unconfirmed**: closed windows go to the publisher as soon as they close and
   wait in :attr:`CommitProtocol.unconfirmed` until a commit makes them durable; only
   then are they folded into the counters, summaries, rolling views and the detector.
-* **the markers**: each commit carries, in the offsets' metadata, the end of the last
-  published window of the partition (``published_through``), the positions up to which
-  records were counted (``counted``) and the feedback still waiting for its query
-  (``waiting``) — :mod:`service.stream.offsets`. A partition taken over starts from them.
-* **counted, uncommitted**: a partition dropped without a commit (lost, or rebuilt after
-  a failed transaction) remembers how far this process counted it, so re-reading it
-  counts nothing twice (:attr:`CommitProtocol.counted`).
+* **the markers**: each commit's metadata says how far the partition's windows (and its
+  early windows) were published, how far its records were counted, and which feedback
+  still waits for its query (:mod:`service.stream.offsets`): a take-over starts there.
+* **counted, uncommitted**: a partition dropped without a commit remembers how far this
+  process counted it, so re-reading it counts nothing twice (:attr:`CommitProtocol.counted`).
 * **the rebuild decision**: after a failed transaction, or when committed offsets could
   not be fetched, every assigned partition is dropped and started again from its last
   commit, by the loop (:meth:`CommitProtocol.rebuild_if_needed`).
@@ -343,7 +341,9 @@ class CommitProtocol:
     # -- the steps ------------------------------------------------------------------------------
 
     def _send(self, windows: list[ClosedWindow]) -> None:
-        """Send closed windows and move the markers (under both locks)."""
+        """Send the early and the closed windows, and move the markers (both locks)."""
+        # (the early windows' marker moved as they were made: it is committed with them)
+        self.publisher.windows(self.pipeline.take_early(), self.pipeline.metric_keys)
         if windows:
             self.publisher.windows(windows, self.pipeline.metric_keys)
             self.publisher.audit_requests(self.pipeline.take_audit_requests())

@@ -122,6 +122,8 @@ class KafkaEdge:
                 or f"{settings.group_id}-{socket.gethostname()}-{settings.http_port}",
             )
             self._client = client
+            if self.pipeline.config.join.early_age_ms is not None:
+                publisher.early_topic = settings.early_topic
             if settings.audit_rate > 0:
                 publisher.audit_state_topic = settings.audit_state_topic
                 self.pipeline.audit_state = True

@@ -47,6 +47,9 @@ from service.stream.windows import ClosedWindow
 
 log = logging.getLogger("retrieval_monitor.follower")
 
+Observed = tuple[dict[int, int], dict[int, int], dict[TopicPartition, int]]
+"""The group's committed progress (final, early windows), and the windows topics' ends."""
+
 
 class WindowRecord(Protocol):
     """What the follower reads of a windows-topic record."""
@@ -58,9 +61,10 @@ class WindowRecord(Protocol):
 
 
 def decode_windows(records: Iterable[WindowRecord]) -> tuple[list[ClosedWindow], int, int | None]:
-    """The windows in a batch of windows-topic records, how many records were not window
-    records (logged with their place and skipped: the view goes on with the others), and
-    the oldest record's timestamp (None without records)."""
+    """The windows in a batch of windows-topic records (the early windows' topic's too),
+    how many records were not window records (logged with their place and skipped: the
+    view goes on with the others), and the oldest record's timestamp (None without
+    records)."""
     windows: list[ClosedWindow] = []
     bad = 0
     oldest = None
@@ -80,16 +84,22 @@ def decode_windows(records: Iterable[WindowRecord]) -> tuple[list[ClosedWindow],
     return windows, bad, oldest
 
 
-def progress_of(committed: Mapping[Any, Any]) -> dict[int, int]:
-    """Input partition -> its ``closed`` marker, over the commits of both topics."""
-    out: dict[int, int] = {}
+def progress_of(committed: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int, int]]:
+    """Input partition -> its ``closed`` marker, and -> its ``early`` marker (the early
+    windows' progress), over the commits of both topics."""
+    closed: dict[int, int] = {}
+    early: dict[int, int] = {}
     for tp, meta in committed.items():
         if meta is None or meta.offset is None or meta.offset < 0:
             continue
-        closed = decode_metadata(meta.metadata).closed_through_ms
-        if closed != NEVER:
-            out[tp.partition] = max(out.get(tp.partition, NEVER), closed)
-    return out
+        markers = decode_metadata(meta.metadata)
+        for out, through in (
+            (closed, markers.closed_through_ms),
+            (early, markers.early_through_ms),
+        ):
+            if through != NEVER:
+                out[tp.partition] = max(out.get(tp.partition, NEVER), through)
+    return closed, early
 
 
 class WindowFollower:
@@ -101,6 +111,7 @@ class WindowFollower:
         client: dict[str, Any],
         *,
         windows_topic: str,
+        early_topic: str | None = None,
         group_id: str,
         input_topics: tuple[str, str],
         partitions: int,
@@ -111,6 +122,8 @@ class WindowFollower:
         self.state = state
         self.view = state.view
         self.windows_topic = windows_topic
+        self.early_topic = early_topic
+        """Where the early windows are (None: none are made)."""
         self.group_id = group_id
         self.inputs = [TopicPartition(t, p) for t in input_topics for p in range(partitions)]
         self.partitions = partitions
@@ -148,9 +161,16 @@ class WindowFollower:
         self._thread.start()
 
     def _assign(self) -> None:
-        """Read every partition of the windows topic (none yet: it is created on first use)."""
-        found = compat.partitions_for_topic(self.consumer, self.windows_topic, METADATA_WAIT_MS)
-        self.tps = [TopicPartition(self.windows_topic, p) for p in sorted(found)]
+        """Read every partition of the windows topics (none until both are there: they are
+        created on first use)."""
+        tps = []
+        for topic in (self.windows_topic, self.early_topic):
+            if topic is not None:
+                found = compat.partitions_for_topic(self.consumer, topic, METADATA_WAIT_MS)
+                if not found:
+                    return
+                tps += [TopicPartition(topic, p) for p in sorted(found)]
+        self.tps = tps
         if self.tps:
             self.consumer.assign(self.tps)
             starts = self.consumer.offsets_for_times(dict.fromkeys(self.tps, self._since_ms))
@@ -215,7 +235,7 @@ class WindowFollower:
 
     def _follow(self) -> None:
         self._restore()
-        pending: tuple[dict[int, int], dict[TopicPartition, int]] | None = None
+        pending: Observed | None = None
         next_check = 0.0
         while not self._stop.is_set():
             try:
@@ -227,9 +247,11 @@ class WindowFollower:
                     # no progress before the topic can be read: its windows would be missed
                     pending = self._observe() if self.tps else None
                     next_check = now + self.interval_s
-                if pending is not None and self._caught_up(pending[1]):
+                if pending is not None and self._caught_up(pending[2]):
+                    closed, early = pending[0], pending[1]
                     with self.state.lock:
-                        self.view.apply_progress(pending[0], self.partitions, self.state.wall_ms())
+                        now_ms = self.state.wall_ms()
+                        self.view.apply_progress(closed, self.partitions, now_ms, early)
                     pending = None
                     self._write()
             except KafkaError as error:  # the broker is away: try again, stay in place
@@ -246,18 +268,21 @@ class WindowFollower:
         windows, bad, oldest = decode_windows(r for records in batches for r in records)
         if windows or bad:
             with self.state.lock:
-                if windows:
-                    self.view.add(windows)
+                final = [w for w in windows if w.label_age_ms is None]
+                if final:
+                    self.view.add(final)
+                if len(final) < len(windows):
+                    self.view.add_early([w for w in windows if w.label_age_ms is not None])
                 self.view.bad_records += bad
                 if oldest is not None:
                     self.view.delay_ms = max(0, self.state.wall_ms() - oldest)
 
-    def _observe(self) -> tuple[dict[int, int], dict[TopicPartition, int]]:
-        """The group's committed progress, then the windows topic's high watermarks."""
+    def _observe(self) -> Observed:
+        """The group's committed progress, then the windows topics' high watermarks."""
         groups = self.admin.list_group_offsets({self.group_id: self.inputs})
-        progress = progress_of(groups.get(self.group_id, {}))
+        closed, early = progress_of(groups.get(self.group_id, {}))
         ends: dict[TopicPartition, int] = self._ends.end_offsets(self.tps) if self.tps else {}
-        return progress, ends
+        return closed, early, ends
 
     def _caught_up(self, ends: Mapping[TopicPartition, int]) -> bool:
         return all(self.consumer.position(tp) >= end for tp, end in ends.items())

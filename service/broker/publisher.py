@@ -59,6 +59,8 @@ class Publisher(ABC):
         self.transport = transport
         self.windows_topic = windows_topic
         self.deadletter_topic = deadletter_topic
+        self.early_topic: str | None = None
+        """Where the early windows go (``EARLY_WINDOWS_TOPIC``; None: none are made)."""
         self.labels_topic: str | None = None
         """Where each window's labels output goes with it (None: that output is off)."""
         self.audit_topic: str | None = None
@@ -101,7 +103,11 @@ class Publisher(ABC):
         labels = self.labels_topic
         for window in windows:
             record = orjson.dumps(window.to_record(metric_keys))
-            self._send(self.windows_topic, window.key.encode(), record, [])
+            final = window.label_age_ms is None
+            topic = self.windows_topic if final else self.early_topic
+            if topic is None:
+                raise ValueError("an early window, and no topic for early windows")
+            self._send(topic, window.key.encode(), record, [])
             if labels is not None:
                 for query in window.labels:
                     self._send(labels, str(query["query_id"]).encode(), orjson.dumps(query), [])

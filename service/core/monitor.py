@@ -46,10 +46,12 @@ class MonitorConfig:
         join = self.pipeline.join
         keys = metric_keys(self.pipeline.ks)
         watched = tuple(m for m in self.detector.metrics if m in keys) or ("mrr",)
+        # (with early windows, the labels it compares are complete at their label age)
+        age = join.early_age_ms
         fitted = replace(
             self.detector,
             window_ms=join.window_ms,
-            attribution_ms=join.attribution_ms,
+            attribution_ms=join.attribution_ms if age is None else age,
             metrics=watched,
         )
         object.__setattr__(self, "detector", fitted)
@@ -85,8 +87,9 @@ class Monitor:
             attribution_ms=join.attribution_ms,
             stall_ms=config.progress_stall_ms,
             metric_keys=self.pipeline.metric_keys,
+            early=join.early_age_ms is not None,
         )
-        if not global_view:  # in run, the follower feeds the view from the topic
+        if not global_view:  # in run, the follower feeds the view from the topics
             self.pipeline.sinks.append(self.view)
 
     @property
@@ -94,4 +97,5 @@ class Monitor:
         """How much published history the rolling views and the detector use (plus slack)."""
         d = self.detector.config
         reach = d.reach_ms + d.window_ms
-        return max(reach, *self.config.pipeline.rolling_ms) + 2 * d.attribution_ms + HOUR_MS
+        attribution = self.config.pipeline.join.attribution_ms
+        return max(reach, *self.config.pipeline.rolling_ms) + 2 * attribution + HOUR_MS

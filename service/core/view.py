@@ -59,6 +59,7 @@ class WindowView:
         attribution_ms: int = 0,
         stall_ms: int,
         metric_keys: tuple[str, ...] = (),
+        early: bool = False,
     ) -> None:
         if (mode is ViewMode.LOCAL) != (watermark_ms is not None):
             raise ValueError("a local view needs the pipeline's watermark, a global one none")
@@ -80,6 +81,12 @@ class WindowView:
         """Global mode: wall time at which each partition's progress last moved."""
         self.boundary_ms: int | None = None
         """Global mode: every window ending at or before this is in the view."""
+        self.early = early
+        """The detector reads the early windows (``add_early``), not the final ones."""
+        self.early_progress: dict[int, int] = {}
+        """Global mode: input partition -> its early windows' committed progress."""
+        self.detected_ms: int | None = None
+        """Global mode: the detector's boundary (the early windows' one, when it reads them)."""
         self.delay_ms: int | None = None
         """Global mode: wall time from the last window's publication to its arrival here."""
         self.bad_records = 0
@@ -128,7 +135,11 @@ class WindowView:
         return found
 
     def apply_progress(
-        self, progress: Mapping[int, int], partitions: int, now_ms: int
+        self,
+        progress: Mapping[int, int],
+        partitions: int,
+        now_ms: int,
+        early: Mapping[int, int] | None = None,
     ) -> int | None:
         """Global mode: the committed progress of the input partitions; run the detector.
 
@@ -139,7 +150,9 @@ class WindowView:
         so it cannot hold detection for ever; its windows join the view when they come,
         but boundaries already evaluated are not evaluated again. A partition that is
         catching up a backlog, or has no traffic (idleness moves its watermark), commits
-        moving progress and is never left out.
+        moving progress and is never left out. ``early``: the progress of the early windows
+        (the detector's boundary when it reads them: the smallest over the same partitions;
+        a partition without one counts with its final progress).
         """
         for p, closed in progress.items():
             if closed > self.progress.get(p, NEVER):
@@ -157,7 +170,18 @@ class WindowView:
         boundary = min(v for p, v in enumerate(values) if p not in self.behind)
         if self.boundary_ms is None or boundary > self.boundary_ms:
             self.boundary_ms = boundary
-            self.detector.advance(boundary)
+        detect = boundary
+        if self.early:
+            for p, through in (early or {}).items():
+                self.early_progress[p] = max(through, self.early_progress.get(p, NEVER))
+            detect = min(
+                max(self.early_progress.get(p, NEVER), self.progress[p])
+                for p in range(partitions)
+                if p not in self.behind
+            )
+        if self.detected_ms is None or detect > self.detected_ms:
+            self.detected_ms = detect
+            self.detector.advance(detect)
         return self.boundary_ms
 
     def add(self, windows: Sequence[ClosedWindow]) -> None:
@@ -174,7 +198,14 @@ class WindowView:
             self._check = max(100_000, 2 * len(self._seen))
         self.closed.add(new)
         self.judges.add(new)
-        self.detector.add(new)
+        if not self.early:
+            self.detector.add(new)
+
+    def add_early(self, windows: Sequence[ClosedWindow]) -> None:
+        """Merge early windows in (the detector's, when it reads them; a repeat replaces
+        its identical copy)."""
+        if self.early:
+            self.detector.add(windows)
 
     def advance(self, closed_through_ms: int) -> object:
         """Every window ending at or before ``closed_through_ms`` is in: run the detector."""

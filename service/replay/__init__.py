@@ -78,8 +78,8 @@ def replay(
     def emit(windows: list[ClosedWindow]) -> None:
         if windows:
             on_windows(windows)
-            pipeline.deliver(windows)
             report.windows += len(windows)
+        pipeline.deliver(windows)  # (and the early windows made with them)
 
     decode: Callable[[bytes], QueryLine | FeedbackLine | Topic] = decode_line
     if mapper is not None:

@@ -1,4 +1,5 @@
-"""Finalising closed windows: the metric core over every closing window at once."""
+"""Finalising closed windows: the metric core over every closing window at once (and
+over the windows due for their early aggregate)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from service.metrics.aggregates import aggregate_groups
-from service.metrics.ir import compute_metrics
+from service.metrics.ir import FloatArray, JudgedBatch, compute_metrics
 from service.metrics.packed import judge_packed
 from service.stream.audit_step import SampledClose, finalised_requests
 from service.stream.join import RANKING_START, PartitionStream
@@ -50,6 +51,45 @@ def finalise(
     values = compute_metrics(batch, ks)
     for closed_window in sampled:
         finalised_requests(closed_window, values)
+    return _windows(closing, batch, values, groups, masks, window_ms=window_ms, mined=mined)
+
+
+def early_windows(
+    due: list[tuple[PartitionStream, WindowKey]], ks: tuple[int, ...], window_ms: int, age_ms: int
+) -> list[ClosedWindow]:
+    """The early aggregates of open windows (``label_age_ms``: only the labels that came
+    within ``age_ms`` of their query), through the same metric core as :func:`finalise`."""
+    if not due:
+        return []
+    rankings: list[bytes] = []
+    labels: list[dict[int, int] | None] = []
+    context_ks: list[int] = []
+    groups: list[int] = []
+    masks: list[int] = []
+    for group, (stream, key) in enumerate(due):
+        packed, grades, window_ks, _, sources = stream.early_rows(key)
+        rankings += packed
+        labels += grades
+        context_ks += window_ks
+        masks += sources
+        groups += [group] * len(packed)
+    batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
+    values = compute_metrics(batch, ks)
+    return _windows(due, batch, values, groups, masks, window_ms=window_ms, age_ms=age_ms)
+
+
+def _windows(
+    closing: list[tuple[PartitionStream, WindowKey]],
+    batch: JudgedBatch,
+    values: dict[str, FloatArray],
+    groups: list[int],
+    masks: list[int],
+    *,
+    window_ms: int,
+    mined: list[tuple[dict[str, object], ...]] | None = None,
+    age_ms: int | None = None,
+) -> list[ClosedWindow]:
+    """The window records of the groups of a judged batch (a window per group)."""
     group_index = np.asarray(groups, dtype=np.int64)
     n = len(closing)
     aggregates = aggregate_groups(values, group_index, n)
@@ -74,6 +114,7 @@ def finalise(
                 labels=mined[group] if mined else (),
                 context_queries=int(n_context[group]),
                 sources={source: int(column[group]) for source, column in n_sources.items()},
+                label_age_ms=age_ms,
             )
         )
     return out

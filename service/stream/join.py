@@ -64,6 +64,9 @@ WIDE = -2
 RANKING_START = HEADER.size
 """Where the chunk hashes of a ranking that :meth:`PartitionStream.close` returns begin."""
 
+Rows = tuple[list[bytes], list[dict[int, int] | None], list[int], list[bytes], list[int]]
+"""A window's queries as :meth:`PartitionStream.close` returns them."""
+
 
 def packed_query(head: int, context_k: int, body: bytes) -> bytes:
     """A pending query as the join keeps it: ``HEADER`` (its first word, ``context_k``),
@@ -83,6 +86,7 @@ class PartitionStream:
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
         closed_through_ms: int = NEVER,
+        early_through_ms: int = NEVER,
     ) -> None:
         self.partition = partition
         self.intake = intake
@@ -97,6 +101,9 @@ class PartitionStream:
         self.published_through_ms = published_through_ms
         self.closed_through_ms = closed_through_ms
         """Every window of this partition ending at or before this has closed (progress)."""
+        self.early_through_ms = early_through_ms
+        """Every window of this partition ending at or before this had its early aggregate
+        made (:meth:`early_closable`; a window re-read after a restart gets none again)."""
         self.counted_from = list(counted_from)
         # records below this were dead-lettered by an earlier owner (a committed transaction)
         self.dead_letter_from = list(counted_from)
@@ -111,6 +118,11 @@ class PartitionStream:
         self.source_masks: dict[QueryId, int] = {}
         """The pending queries with a relevant label: the bits of the sources that gave one
         (``SOURCE_BITS``; only feedback that the labelling rule applied counts)."""
+        self.early_labels: dict[QueryId, dict[int, int]] = {}
+        """Like ``labels``, of the feedback that came within the early label age of its
+        query (``JoinConfig.early_age_ms``), until the early aggregate takes them."""
+        self.early_masks: dict[QueryId, int] = {}
+        """Like ``source_masks``, of that feedback."""
         self.wide_context_k: dict[QueryId, int] = {}
         """``context_k`` of the pending queries whose value does not fit in 32 bits."""
         self.windows: dict[WindowKey, OpenWindow] = {}
@@ -409,7 +421,20 @@ class PartitionStream:
             sources[query_id] = sources.get(query_id, 0) | source
         if offset < window.min_fb_offset:  # noqa: PLR1730 - it runs per record
             window.min_fb_offset = offset
+        early = cfg.early_age_ms
+        if early is not None and ts_ms <= query_ts + early:
+            self._attach_early(query_id, chunk, grade, source)
         return True
+
+    def _attach_early(self, query_id: QueryId, chunk: int, grade: int, source: int) -> None:
+        """The labelling rule's effect on the early labels (feedback within their age)."""
+        labels = self.early_labels.get(query_id)
+        if labels is None:
+            labels = self.early_labels[query_id] = {}
+        if grade > labels.get(chunk, -1):
+            labels[chunk] = grade
+        if source:
+            self.early_masks[query_id] = self.early_masks.get(query_id, 0) | source
 
     def _holds(self, packed: bytes | None, window: OpenWindow) -> bool:
         """Whether a pending query (``packed``, or None) belongs to ``window``."""
@@ -459,44 +484,80 @@ class PartitionStream:
         limit = wm - self.config.attribution_ms - self.config.window_ms
         return sorted(key for key in self.windows if key[2] <= limit)
 
-    def close(
-        self, key: WindowKey
-    ) -> tuple[list[bytes], list[dict[int, int] | None], list[int], list[QueryId], list[int]]:
+    def close(self, key: WindowKey) -> Rows:
         """Remove a closable window; return its (non-evicted) queries in arrival order:
         packed rankings (``HEADER``, then the hashes), grades (None: no feedback),
         context_k (-1: none logged), ids, and the sources of their relevant labels (bit
         masks of ``SOURCE_BITS``, 0: none)."""
         window = self.windows.pop(key)
         del self.by_serial[window.serial]
+        rows = self._rows(window, self.labels, self.source_masks, final=True)
+        self.held.queries -= len(rows[0])
+        end = key[2] + self.config.window_ms
+        self._recent_queue.append(
+            (end + 2 * self.config.attribution_ms, window.query_ids[window.cursor :])
+        )
+        return rows
+
+    def early_closable(self) -> list[WindowKey]:
+        """The open windows due for their early aggregate (the watermark passed their end
+        plus the early label age, and they had none yet), oldest first; from now on every
+        window ending at or before that limit counts as having had it."""
+        age, wm = self.config.early_age_ms, self.watermark.value
+        if age is None or wm == NEVER:
+            return []
+        window_ms = self.config.window_ms
+        limit = wm - age
+        through = limit - limit % window_ms
+        done = self.early_through_ms
+        if through <= done:
+            return []
+        self.early_through_ms = through
+        return sorted(k for k in self.windows if done < k[2] + window_ms <= through)
+
+    def early_rows(self, key: WindowKey) -> Rows:
+        """:meth:`close`'s rows of an open window with only the labels that came within
+        the early label age; the window stays open (its early labels are let go)."""
+        return self._rows(self.windows[key], self.early_labels, self.early_masks, final=False)
+
+    def _rows(
+        self,
+        window: OpenWindow,
+        labels: dict[QueryId, dict[int, int]],
+        sources: dict[QueryId, int],
+        *,
+        final: bool,
+    ) -> Rows:
+        """A window's pending queries with ``labels`` and ``sources`` (taken from them);
+        ``final``: the queries leave the join (and their early labels with them)."""
         rankings: list[bytes] = []
         grades: list[dict[int, int] | None] = []
         context_ks: list[int] = []
         held: list[QueryId] = []
         masks: list[int] = []
-        cursor = window.cursor
-        ids = window.query_ids[cursor:]
-        pending, labels, recent = self.pending, self.labels, self._recent
-        sources = self.source_masks
+        pending, recent = self.pending, self._recent
+        early_labels, early_masks = self.early_labels, self.early_masks
         window_ms, serial = self.config.window_ms, window.serial
-        for query_id in ids:
+        for query_id in window.query_ids[window.cursor :]:
             packed = pending.get(query_id)
             if packed is None:
                 continue
             head, context_k = HEADER.unpack_from(packed)
             if head // window_ms != serial:  # (the id is pending again, in a later window)
                 continue
-            del pending[query_id]
             rankings.append(packed)
             grades.append(labels.pop(query_id, None))
             masks.append(sources.pop(query_id, 0))
             if context_k == WIDE:
-                context_k = self.wide_context_k.pop(query_id)
+                context_k = self.wide_context_k[query_id]
             context_ks.append(context_k)
             held.append(query_id)
-            recent[query_id] = None
-        self.held.queries -= len(rankings)
-        end = key[2] + self.config.window_ms
-        self._recent_queue.append((end + 2 * self.config.attribution_ms, ids))
+            if final:
+                del pending[query_id]
+                self.wide_context_k.pop(query_id, None)
+                early_labels.pop(query_id, None)
+                early_masks.pop(query_id, None)
+                recent[query_id] = None
         return rankings, grades, context_ks, held, masks
 
     def mark_sent(self, end_ms: int) -> None:
@@ -576,6 +637,8 @@ class PartitionStream:
                     del self.pending[query_id]
                     self.labels.pop(query_id, None)
                     self.source_masks.pop(query_id, None)
+                    self.early_labels.pop(query_id, None)
+                    self.early_masks.pop(query_id, None)
                     if self.audits is not None:
                         self.audits.forget(query_id)
                     self.wide_context_k.pop(query_id, None)

@@ -31,6 +31,16 @@ class JoinConfig:
     window_ms: int = duration_field("5m")
     max_out_of_orderness_ms: int = duration_field("60s")
     idle_timeout_ms: int | None = duration_field("30s")
+    early_ms: int = duration_field("5m")
+    """The label age of the early windows (``--regression-label-age``): each window is also
+    aggregated once the watermark passes its end plus this, with only the labels that came
+    within this of their query, for the detector (0, or not below ``attribution_ms``: no
+    early windows; the detector reads the final ones)."""
+
+    @property
+    def early_age_ms(self) -> int | None:
+        """The early windows' label age, None when there are none."""
+        return self.early_ms if 0 < self.early_ms < self.attribution_ms else None
 
 
 QueryId = bytes

@@ -5,9 +5,11 @@ partition, ``published_through`` (the end of the last published window of that
 partition, in ms), ``counted_through`` (the position up to which records were
 already counted on ``/metrics``) and ``closed`` (the partition's progress: every window
 of it ending at or before this has closed and is published with this commit, so an
-absent window up to there means no traffic). On restart the re-read from the committed offset
-rebuilds every unpublished window; queries of windows at or before the marker are
-skipped, and re-read records below ``counted_through`` are not counted again.
+absent window up to there means no traffic), and ``early`` (every early window of it
+ending at or before this was made and published: the detector's progress). On restart
+the re-read from the committed offset rebuilds every unpublished window; queries of
+windows at or before the marker are skipped (and windows at or before ``early`` get no
+early aggregate again), and re-read records below ``counted_through`` are not counted again.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Restart:
     counted_from: tuple[int, int] = (0, 0)
     waiting_offsets: frozenset[int] = frozenset()
     closed_through_ms: int = NEVER
+    early_through_ms: int = NEVER
 
 
 class Markers(NamedTuple):
@@ -46,6 +49,7 @@ class Markers(NamedTuple):
     counted_through: int
     waiting: frozenset[int]
     closed_through_ms: int
+    early_through_ms: int = NEVER
 
 
 NO_MARKERS = Markers(NEVER, 0, frozenset(), NEVER)
@@ -56,6 +60,7 @@ def encode_metadata(
     counted_through: int,
     waiting: list[int] | None = None,
     closed_through_ms: int = NEVER,
+    early_through_ms: int = NEVER,
 ) -> str:
     """The commit metadata string of one topic partition (compact JSON, under 4 KB).
 
@@ -71,6 +76,8 @@ def encode_metadata(
     }
     if closed_through_ms != NEVER:
         data["closed"] = closed_through_ms
+    if early_through_ms != NEVER:
+        data["early"] = early_through_ms
     if waiting:
         listed = waiting[:MAX_WAITING_LISTED]
         data["waiting"] = [listed[0]] + [b - a for a, b in itertools.pairwise(listed)]
@@ -92,6 +99,7 @@ def decode_metadata(text: str | None) -> Markers:
             int(data["counted"]),
             frozenset(offsets),
             int(data.get("closed", NEVER)),
+            int(data.get("early", NEVER)),
         )
     except (ValueError, KeyError, TypeError, AttributeError):
         return NO_MARKERS  # written by something else: start conservatively
@@ -106,6 +114,7 @@ def restart_from(queries_metadata: str | None, feedback_metadata: str | None) ->
         (q.counted_through, fb.counted_through),
         fb.waiting,
         max(q.closed_through_ms, fb.closed_through_ms),
+        max(q.early_through_ms, fb.early_through_ms),
     )
 
 
@@ -129,7 +138,11 @@ def commit_plan(
         counted = stream.counted_through(topic)
         waiting = stream.unclassified_offsets() if topic == FEEDBACK else None
         metadata = encode_metadata(
-            stream.published_through_ms, counted, waiting, stream.closed_through_ms
+            stream.published_through_ms,
+            counted,
+            waiting,
+            stream.closed_through_ms,
+            stream.early_through_ms,
         )
         plan[topic] = (offset, metadata)
     return plan

@@ -18,7 +18,7 @@ from service.stream.audit_join import AuditConfig, AuditJoin, AuditRequest
 from service.stream.audit_step import AuditDoors, close_audits, has_audits, take_with_audits
 from service.stream.counters import Counts, LabelCap
 from service.stream.events import AuditEvent, FeedbackEvent, QueryEvent
-from service.stream.finalise import finalise
+from service.stream.finalise import early_windows, finalise
 from service.stream.join import PartitionStream
 from service.stream.join_state import Held, Intake, JoinConfig, WindowKey
 from service.stream.labels import LabelPolicy
@@ -70,14 +70,18 @@ class Pipeline(AuditDoors):
         self.sinks: list[WindowSink] = list(sinks)
         """Told of every durable window and every closed boundary (the window view)."""
         self._closed_through_ms: int | None = None
-        """Every window ending at or before this has closed (as of the last advance)."""
+        """The detector's boundary as of the last advance: every window (early window, when
+        they are made) ending at or before this has closed."""
+        self.early_out: list[ClosedWindow] = []
+        """The early windows made since they were last taken: by the publisher
+        (:meth:`take_early`, ``run``), or given to the sinks with the closed windows
+        (:meth:`deliver`)."""
         self._confirmed: dict[WindowIdent, int] = {}
         """The windows confirmed lately (by ident), with their end (to ignore a re-publish)."""
         self._confirmed_check = 100_000
         self.audit_requests: list[AuditRequest] | None = None
         """Where every partition's audit requests go as they are made (None: nowhere)."""
         self.audit_state = False
-        """Whether the audit joins keep their changes for the audit state topic (``run``)."""
         """Whether the audit joins keep their changes for the audit state topic (``run``)."""
         self.intake = Intake(
             now_ms=now_ms,
@@ -113,6 +117,8 @@ class Pipeline(AuditDoors):
         counted_from: tuple[int, int] = (0, 0),
         waiting_offsets: frozenset[int] = frozenset(),
         closed_through_ms: int = NEVER,
+        *,
+        early_through_ms: int = NEVER,
     ) -> PartitionStream:
         """Start a partition with empty state (the re-read from committed offsets rebuilds it)."""
         self.revoke(partition)  # (a partition assigned again starts over)
@@ -124,6 +130,7 @@ class Pipeline(AuditDoors):
             counted_from=counted_from,
             waiting_offsets=waiting_offsets,
             closed_through_ms=closed_through_ms,
+            early_through_ms=early_through_ms,
         )
         if self.config.audit.rate > 0:
             audit, join = self.config.audit, self.config.join
@@ -140,6 +147,7 @@ class Pipeline(AuditDoors):
         stream = self.streams.pop(partition, None)
         if stream is not None:
             stream.release()
+            self.early_out = [w for w in self.early_out if w.partition != partition]
         self._closed_through_ms = None
 
     def take_over(
@@ -155,6 +163,7 @@ class Pipeline(AuditDoors):
             restart.counted_from,
             restart.waiting_offsets,
             restart.closed_through_ms,
+            early_through_ms=restart.early_through_ms,
         )
         if counted is not None:  # dead letters of an aborted transaction go again
             stream.count_from(counted)
@@ -271,23 +280,35 @@ class Pipeline(AuditDoors):
     # -- time ----------------------------------------------------------------------------
 
     def advance(self) -> list[ClosedWindow]:
-        """Move every watermark; finalise and return the windows that closed."""
+        """Move every watermark; make the early windows that are due (:meth:`take_early`),
+        then finalise and return the windows that closed."""
         closing: list[tuple[PartitionStream, WindowKey]] = []
-        attribution = self.config.join.attribution_ms
+        due: list[tuple[PartitionStream, WindowKey]] = []
+        join = self.config.join
+        attribution, age = join.attribution_ms, join.early_age_ms
         for stream in self.streams.values():
-            closing.extend((stream, key) for key in stream.advance())
+            closable = stream.advance()
+            due.extend((stream, key) for key in stream.early_closable())
+            closing.extend((stream, key) for key in closable)
         # every window ending at or before this has closed in every assigned partition;
         # unknown while any partition has no event time yet (e.g. re-read after a rebuild)
         wm = self.watermark_ms
         self._closed_through_ms = None
         if wm is not None:
-            join = self.config.join
-            limit = wm - join.attribution_ms
+            limit = wm - (attribution if age is None else age)
             self._closed_through_ms = limit - limit % join.window_ms
+        if age is not None:
+            self.early_out += early_windows(due, self.config.ks, join.window_ms, age)
         closed = close_audits(self.streams.values(), self._finalise(closing), attribution)
         if self.recorder is not None and wm is not None:
-            self.recorder.expire(limit - join.window_ms - join.clock_skew_ms)
+            limit = wm - attribution - join.window_ms - join.clock_skew_ms
+            self.recorder.expire(limit)
         return closed
+
+    def take_early(self) -> list[ClosedWindow]:
+        """The early windows made since the last call (``run``: to publish)."""
+        windows, self.early_out = self.early_out, []
+        return windows
 
     def end_of_input(self) -> None:
         """No more records will come: the next advance finalises everything pending."""
@@ -339,7 +360,12 @@ class Pipeline(AuditDoors):
         self._confirmed_check = max(100_000, 2 * len(self._confirmed))
 
     def deliver(self, windows: Iterable[ClosedWindow]) -> None:
-        """Windows are durable without a broker (replay, demo): sent and confirmed at once."""
+        """Windows are durable without a broker (replay, demo): sent and confirmed at once,
+        and the early windows made with them."""
+        early = self.take_early()
+        if early:
+            for sink in self.sinks:
+                sink.add_early(early)
         windows = list(windows)
         self.mark_sent(windows)
         self.confirm(windows)

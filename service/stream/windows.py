@@ -55,8 +55,12 @@ class WindowSink(Protocol):
     def add(self, windows: Sequence[ClosedWindow]) -> None:
         """Windows that are durable (published and committed, or read back)."""
 
+    def add_early(self, windows: Sequence[ClosedWindow]) -> None:
+        """Early windows (``label_age_ms`` set), durable likewise."""
+
     def advance(self, closed_through_ms: int) -> object:
-        """Every window ending at or before ``closed_through_ms`` has closed everywhere."""
+        """Every window ending at or before ``closed_through_ms`` has closed everywhere
+        (every early window, when they are made: the detector's boundary)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,11 @@ class ClosedWindow:
     """Per label source (``click``, ``citation``, ``judgment``: every one, always), the
     finalised queries with a relevant label (grade >= 1) from that source that the
     labelling rule applied (a query labelled by two sources counts in both)."""
+    label_age_ms: int | None = None
+    """An early aggregate (``JoinConfig.early_ms``): made once the watermark passed the
+    window's end plus this, of the queries then pending, with only the labels that came
+    within this of their query (the detector compares both sides at this label age);
+    None: the final window."""
 
     def without_labels(self) -> ClosedWindow:
         """This window without its labels output (once sent: views keep windows for days)."""
@@ -129,6 +138,7 @@ class ClosedWindow:
             },
             "context_queries": self.context_queries,
             "sources": {source: self.sources.get(source, 0) for source in SOURCES},
+            **({} if self.label_age_ms is None else {"label_age_ms": self.label_age_ms}),
             "audit": {
                 "audited": self.audited,
                 "metrics": {key: sums.to_record() for key, sums in self.audit.items()},
@@ -156,6 +166,7 @@ class ClosedWindow:
             metrics={key: Moments(*sums) for key, sums in record.metrics_fixed.items()},
             context_queries=record.context_queries,
             sources=_sources_of(record.sources),
+            label_age_ms=record.label_age_ms,
             **_audit_of(record.audit),
         )
 
@@ -180,6 +191,7 @@ class ClosedWindow:
             metrics=metrics,
             context_queries=int(record.get("context_queries", 0)),
             sources=_sources_of(record.get("sources")),
+            label_age_ms=_age_of(record.get("label_age_ms")),
             **_audit_of(record.get("audit")),
         )
 
@@ -198,6 +210,7 @@ class _ExactRecord(msgspec.Struct, gc=False):
     context_queries: int = 0
     sources: dict[str, int] | None = None
     audit: dict[str, Any] | None = None
+    label_age_ms: int | None = None
 
 
 def _audit_of(record: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -217,6 +230,11 @@ def _audit_of(record: Mapping[str, Any] | None) -> dict[str, Any]:
 _EXACT_RECORD = msgspec.json.Decoder(_ExactRecord, strict=False)
 """(Not strict: the sums are written as strings, as :meth:`ClosedWindow.from_record`
 reads them with ``int``; they outgrow 64 bits, which msgspec's ints do not mind.)"""
+
+
+def _age_of(value: Any) -> int | None:
+    """A record's ``label_age_ms`` (absent: a final window)."""
+    return None if value is None else int(value)
 
 
 def _parse_ms(text: str) -> int:

@@ -57,6 +57,11 @@ class Topics:
         return f"{self.windows}.regressions"
 
     @property
+    def early(self) -> str:
+        """The early windows' topic (the service's default: the windows topic's)."""
+        return f"{self.windows}.early"
+
+    @property
     def audit_state(self) -> str:
         """The audit state topic (the service makes it): one per windows topic too."""
         return f"{self.windows}.audit-state"

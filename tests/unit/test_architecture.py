@@ -200,6 +200,7 @@ SHARED_NAMES = {
     # pending lines, a window's labels, a gauge's value, a Kafka batch's next offset, ...)
     "config", "partition", "close", "take", "advance", "latest", "labels", "value", "counts",
     "update", "windows", "pending", "next_offset", "finish", "closed_through_ms",
+    "early_through_ms",
 }  # fmt: skip
 
 

@@ -26,6 +26,7 @@ from service.stream.windows import ClosedWindow
 
 TOPIC_NAMES = ("queries", "feedback")
 WINDOWS_TOPIC = "windows"
+EARLY_TOPIC = "windows.early"
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +53,13 @@ class FakeBroker:
     """Transaction commits (counted from 1 over all transports) that fail."""
     commits: int = 0
 
-    def windows(self) -> list[ClosedWindow]:
-        """Every window record in the order it became visible."""
+    def windows(self, of: str = WINDOWS_TOPIC) -> list[ClosedWindow]:
+        """Every window record (of the early windows' topic: early window) in the order it
+        became visible."""
         return [
             ClosedWindow.from_record(orjson.loads(value))
             for topic, _, value in self.records
-            if topic == WINDOWS_TOPIC and value is not None
+            if topic == of and value is not None
         ]
 
 

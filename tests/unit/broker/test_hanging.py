@@ -25,6 +25,7 @@ from service.broker.publisher import TransactionalPublisher
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from tests.unit.broker.fakes import (
+    EARLY_TOPIC,
     TOPIC_NAMES,
     WINDOWS_TOPIC,
     FakeBroker,
@@ -99,6 +100,7 @@ def life_with_hanging_commit(log: list[Record], settle: bool) -> tuple[Life, Mar
     publisher = TransactionalPublisher(
         lambda: MarkerTransport(broker, transactional=True), WINDOWS_TOPIC, "deadletter"
     )
+    publisher.early_topic = EARLY_TOPIC
     consumer = MarkerConsumer(broker, log, len(log), N_PARTITIONS)
     hanging = HangingOffsets(broker.last_committed, lambda: broker.now_s) if settle else None
     protocol = CommitProtocol(state, publisher, consumer, TOPIC_NAMES, hanging)

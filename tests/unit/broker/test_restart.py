@@ -15,7 +15,7 @@ import copy
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Literal
 
@@ -45,6 +45,7 @@ from service.stream.watermark import NEVER
 from service.stream.windows import ClosedWindow
 from service.times import HOUR_MS, rfc3339_millis
 from tests.unit.broker.fakes import (
+    EARLY_TOPIC,
     TOPIC_NAMES,
     WINDOWS_TOPIC,
     FakeBroker,
@@ -139,6 +140,7 @@ def start_life(
         publisher = AtLeastOncePublisher(
             FakeTransport(broker, transactional=False), WINDOWS_TOPIC, "deadletter"
         )
+    publisher.early_topic = EARLY_TOPIC
     consumer = FakeConsumer(broker, log, limit, partitions, tamper)
     protocol = CommitProtocol(state, publisher, consumer, TOPIC_NAMES)
     protocol.take_over(consumer.assignment(), consumer.committed_all())
@@ -150,6 +152,8 @@ class Outcome:
     """What the windows topic and /metrics saw over all process lifetimes."""
 
     published: list[ClosedWindow] = field(default_factory=list)
+    early: list[ClosedWindow] = field(default_factory=list)
+    """The early windows' topic (``label_age_ms`` set)."""
     counts: list[Counts] = field(default_factory=list)  # one per lifetime, as it contributed
     lost: list[ClosedWindow] = field(default_factory=list)  # sent, never committed (crash)
     published_after_commit: list[ClosedWindow] = field(default_factory=list)
@@ -161,6 +165,12 @@ class Outcome:
 
     def last_per_key(self) -> dict[str, ClosedWindow]:
         return {w.key: w for w in self.published}
+
+    def early_once(self) -> dict[str, ClosedWindow]:
+        """The early windows by key, each published exactly once."""
+        by_key = {w.key: w for w in self.early}
+        assert len(by_key) == len(self.early), "an early window was published twice"
+        return by_key
 
     def conflicts(self) -> dict[str, list[ClosedWindow]]:
         by_key: dict[str, list[ClosedWindow]] = {}
@@ -256,6 +266,7 @@ def run(
                 }
             )
     out.published = broker.windows()
+    out.early = broker.windows(EARLY_TOPIC)
     return out
 
 
@@ -282,6 +293,20 @@ def test_clean_run_publishes_each_window_once_and_equals_the_offline_evaluation(
         partition_of=partition_of,
     )
     assert windows == expected
+    # and each early window, once: the same evaluation with only the labels that came
+    # within the label age
+    early = clean.early_once()
+    at_age = evaluate_event_log(
+        queries,
+        feedback,
+        window_ms=JOIN.window_ms,
+        attribution_ms=JOIN.early_ms,
+        clock_skew_ms=JOIN.clock_skew_ms,
+        ks=CONFIG.ks,
+        partition_of=partition_of,
+    )
+    assert {k: replace(w, label_age_ms=None) for k, w in early.items()} == at_age
+    assert {w.label_age_ms for w in early.values()} == {JOIN.early_ms}
     [counts] = clean.counts
     assert sum(counts.queries.values()) == len(queries)
     assert sum(counts.finalized.values()) == len(queries)
@@ -303,6 +328,9 @@ def test_clean_stops_reproduce_a_clean_run(
     assert restarted.conflicts() == {}
     assert restarted.last_per_key() == clean.last_per_key()
     assert_counters_match(restarted, clean)
+    # an early window is made once, before its window closes: a restart that re-reads its
+    # window does not make it again (the ``early`` marker), whichever the mode
+    assert restarted.early_once() == clean.early_once()
 
 
 def test_the_progress_marker_says_which_windows_are_in(
@@ -346,6 +374,8 @@ def test_crash_before_the_commit_republishes_the_lost_windows(
     assert crashed.conflicts() == {}
     assert crashed.last_per_key() == expected
     assert_counters_match(crashed, clean)
+    # the early windows lost with a transaction are made and published again, once
+    assert crashed.early_once() == clean.early_once()
 
 
 def test_crash_after_publishing_repeats_identical_records(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from service.core.monitor import Monitor, MonitorConfig
 from service.detect.model import DetectorConfig
+from service.stream.join_state import JoinConfig
+from service.stream.pipeline import PipelineConfig
 from tests.unit.samples import T0, W
 from tests.unit.samples import window as _window
 
@@ -37,7 +41,9 @@ def test_windows_confirmed_twice_reach_the_view_once() -> None:
 
 def test_the_global_boundary_waits_for_every_partition_and_leaves_out_a_stalled_one() -> None:
     minute = 60_000
-    config = MonitorConfig(detector=DetectorConfig(metrics=("mrr",)), progress_stall_ms=15 * minute)
+    final = PipelineConfig(join=JoinConfig(early_ms=0))  # (the detector reads final windows)
+    detector = DetectorConfig(metrics=("mrr",))
+    config = MonitorConfig(final, detector, progress_stall_ms=15 * minute)
     view = Monitor(config, lambda: T0, global_view=True).view
     assert view.is_global
     assert view.watermark_ms is None
@@ -70,3 +76,31 @@ def test_the_global_boundary_waits_for_every_partition_and_leaves_out_a_stalled_
     # nothing moves anywhere (no traffic, no idleness): nobody is left out
     assert apply({}, 120) == T0 + 45 * W
     assert view.behind == set()
+
+
+def test_with_early_windows_the_detector_goes_as_far_as_every_partitions_early_windows() -> None:
+    minute = 60_000
+    config = MonitorConfig(detector=DetectorConfig(metrics=("mrr",)), progress_stall_ms=15 * minute)
+    assert config.pipeline.join.early_age_ms == 5 * minute  # (the default)
+    assert config.detector.attribution_ms == 5 * minute  # its labels are complete at that age
+    monitor = Monitor(config, lambda: T0, global_view=True)
+    view = monitor.view
+    early = [replace(_window(T0 + i * W, 4), label_age_ms=5 * minute) for i in range(8)]
+    view.add_early(early)
+    view.add([_window(T0, 4)])  # a final window: the rolling views', not the detector's
+    assert view.closed.listing()[0][3].labelled == 4
+    now = T0 + 86_400_000
+
+    def apply(closed: dict[int, int], early: dict[int, int] | None) -> int | None:
+        return view.apply_progress(closed, 2, now, early)
+
+    # both partitions' final windows are through T0 + W, their early ones further
+    assert apply({0: T0 + W, 1: T0 + W}, {0: T0 + 6 * W, 1: T0 + 4 * W}) == T0 + W
+    assert view.detected_ms == T0 + 4 * W
+    assert view.detector.through_ms == T0 + 4 * W  # the smallest early progress
+    # a partition whose commit has no early marker (written before they were made) counts
+    # with its final progress
+    assert apply({0: T0 + 7 * W, 1: T0 + 5 * W}, None) == T0 + 5 * W
+    assert view.detector.through_ms == T0 + 5 * W
+    assert apply({}, {1: T0 + 6 * W}) == T0 + 5 * W
+    assert view.detector.through_ms == T0 + 6 * W

@@ -91,8 +91,9 @@ def test_replay_writes_the_regressions_it_opened(files: dict[str, Path], tmp_pat
     # the evidence: the closed e-value reached 1 / level, the upper bound is below 0
     assert first["e_value"] >= first["closed_e_value"] >= 1 / first["level"]
     assert first["ci_low"] < first["delta"] < first["ci_high"] < 0
-    # labels mature for 30 minutes first: never before deploy + attribution window
-    assert first["opened_at"] >= "2026-12-01T03:35:00Z"
+    # the detector compares labels at their age of 5 minutes: never before the deploy's
+    # first window (03:00 to 03:05) has its labels of that age
+    assert first["opened_at"] >= "2026-12-01T03:10:00Z"
     assert first["opened_at"] <= "2026-12-01T05:00:00Z"
 
     quiet = tmp_path / "quiet.jsonl"

@@ -11,6 +11,7 @@ import random
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from math import log2
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from service.stream.events import (
     query_from,
 )
 from service.stream.join_state import JoinConfig
+from service.stream.offsets import restart_from
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
 from service.stream.topics import FEEDBACK, QUERIES
@@ -766,3 +768,115 @@ def test_the_totals_of_pending_state_are_kept_exactly(
         assert p.pending_feedback == sum(s.n_orphans for s in p.streams.values())
         assert p.pending_queries <= 12
         assert p.pending_feedback <= 9
+
+
+# -- 13. early windows: the same evaluation with only the labels within their age -----------
+
+EARLY_CONFIG = PipelineConfig(join=replace(SIM_JOIN, early_ms=2 * MIN), ks=KS)
+
+
+class EarlySink:
+    """Keeps the early windows a local pipeline gives its sinks, each key once."""
+
+    def __init__(self) -> None:
+        self.early: dict[str, ClosedWindow] = {}
+        self.through_ms: list[int] = []
+
+    def add(self, windows: Sequence[ClosedWindow]) -> None:
+        pass
+
+    def add_early(self, windows: Sequence[ClosedWindow]) -> None:
+        for w in windows:
+            assert w.key not in self.early, f"{w.key}: an early window made twice"
+            assert w.label_age_ms == 2 * MIN
+            self.early[w.key] = replace(w, label_age_ms=None)
+
+    def advance(self, closed_through_ms: int) -> None:
+        self.through_ms.append(closed_through_ms)
+
+
+def test_early_windows_equal_the_offline_evaluation_with_labels_within_their_age(
+    traffic: list[Parsed],
+) -> None:
+    """Each window's early aggregate, made once the watermark passed its end plus the label
+    age, equals the offline evaluation of the same events whose attribution window is that
+    age: every query of the window, only the labels that came within 2 minutes of it."""
+    partition_of = {sim.key: zlib.crc32(sim.key.encode()) % 2 for sim, _ in traffic}
+    sink = EarlySink()
+    p = Pipeline(EARLY_CONFIG, now_ms=lambda: SIM_NOW, sinks=[sink])
+    p.assign(0)
+    p.assign(1)
+    offsets = Counter[tuple[int, str]]()
+    finals: dict[str, ClosedWindow] = {}
+    for n, (sim, event) in enumerate(traffic, start=1):
+        partition = partition_of[sim.key]
+        offset = offsets[partition, sim.topic]
+        offsets[partition, sim.topic] += 1
+        if isinstance(event, QueryEvent):
+            assert p.query(partition, offset, event) is None
+        else:
+            assert p.feedback(partition, offset, event) is None
+        if n % ADVANCE_EVERY == 0:
+            closed = p.advance()
+            p.deliver(closed)
+            for w in closed:
+                # a window's early aggregate comes before it closes (8 minutes before)
+                assert w.key in sink.early
+                finals[w.key] = w
+    closed = p.finish()
+    p.deliver(closed)
+    finals.update((w.key, w) for w in closed)
+    queries = [ev for _, ev in traffic if isinstance(ev, QueryEvent)]
+    feedback = [ev for _, ev in traffic if isinstance(ev, FeedbackEvent)]
+    at_age = evaluate_event_log(
+        queries,
+        feedback,
+        window_ms=SIM_JOIN.window_ms,
+        attribution_ms=2 * MIN,
+        clock_skew_ms=SIM_JOIN.clock_skew_ms,
+        ks=KS,
+        partition_of=partition_of,
+    )
+    assert sink.early == at_age
+    assert finals == expected_windows(traffic, partition_of)
+    # the age matters: some labels came later than 2 minutes, none of the queries did
+    assert sum(w.labelled for w in at_age.values()) < sum(w.labelled for w in finals.values())
+    assert [w.queries for w in at_age.values()] == [finals[k].queries for k in at_age]
+    # the detector's boundary is the early windows' (watermark minus the age, in windows)
+    assert sink.through_ms == sorted(sink.through_ms)
+    assert sink.through_ms[-1] >= max(w.end_ms for w in at_age.values())
+
+
+def test_a_window_whose_early_aggregate_was_published_gets_none_after_a_restart() -> None:
+    """The ``early`` marker of a commit: a partition taken over re-reads the windows still
+    open at its commit, and makes no early window again for those at or before it."""
+    early = replace(JOIN, early_ms=2 * MIN)
+    sink = EarlySink()
+    p = Pipeline(PipelineConfig(join=early, ks=KS), now_ms=lambda: NOW, sinks=[sink])
+    events = [query_event("q1", T0 + SEC), feedback_event("q1", T0 + 30 * SEC, "a")]
+    events += [query_event("q2", T0 + WINDOW + SEC), query_event("f", T0 + 4 * MIN)]
+    events += [feedback_event("f", T0 + 4 * MIN, "a")]
+
+    def feed(stream_from: int) -> None:
+        offsets = [0, 0]
+        for event in events:
+            topic = QUERIES if isinstance(event, QueryEvent) else FEEDBACK
+            if offsets[topic] >= stream_from:
+                take = p.query if topic == QUERIES else p.feedback
+                assert take(0, offsets[topic], event) is None  # type: ignore[operator, arg-type]
+            offsets[topic] += 1
+        p.deliver(p.advance())
+
+    p.assign(0)
+    feed(0)
+    # the watermark (4 min - 1 min) passed the first window's end plus 2 minutes only
+    assert [w.start_ms for w in sink.early.values()] == [T0]
+    assert sink.early[next(iter(sink.early))].labelled == 1
+    _, metadata = p.commit_plans({})[0][FEEDBACK]
+    assert '"early":' in metadata
+    restart = restart_from(metadata, metadata)
+    assert restart.early_through_ms == T0 + WINDOW
+    sink.early.clear()
+    p.take_over(0, restart)
+    feed(0)  # the re-read of everything still open at the commit
+    assert sink.early == {}  # the first window's was published: not made again

@@ -29,6 +29,9 @@ class Keep:
     def add(self, windows: Sequence[ClosedWindow]) -> None:
         self.windows.extend(windows)
 
+    def add_early(self, windows: Sequence[ClosedWindow]) -> None:
+        pass
+
     def advance(self, closed_through_ms: int) -> None:
         pass
 
