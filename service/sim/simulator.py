@@ -55,6 +55,9 @@ class RetrieverProfile:
     """Ratio of a truncated geometric rank distribution; 0 puts found chunks at rank 1."""
     empty_rate: float = 0.0
     """Share of queries for which the retriever returns nothing."""
+    feedback_delay: float = 1.0
+    """Multiplies the delay of every feedback event of its queries (its users act later
+    or sooner, however good its results)."""
 
     def __post_init__(self) -> None:
         if not 1 <= len(self.name) <= 100:
@@ -63,6 +66,8 @@ class RetrieverProfile:
             check_rate(name, getattr(self, name))
         if not 0.0 <= self.rank_decay < 1.0:
             raise ConfigError(f"rank_decay must be in [0, 1), got {self.rank_decay!r}")
+        if not self.feedback_delay > 0:
+            raise ConfigError(f"feedback_delay must be positive, got {self.feedback_delay!r}")
 
 
 HYBRID_V7 = RetrieverProfile("hybrid-v7", find_rate=0.85, rank_decay=0.5, empty_rate=0.002)
@@ -305,7 +310,7 @@ class _Simulator:
                 citations_scale=citations_scale,
             )
             for delay_ms, chunk, signal, extra in feedback:
-                fb_ms = timestamp_ms + delay_ms
+                fb_ms = timestamp_ms + round(delay_ms * profile.feedback_delay)
                 fb: dict[str, object] = {
                     "query_id": query_id,
                     "timestamp": rfc3339_millis(fb_ms),

@@ -18,7 +18,11 @@ between 00:00 and 16:00 (night and day alike), whose kind sets the run:
 * ``slow drift``: no deploy; every version's find rate decays by 8 points over six hours;
 * ``citations halved`` / ``clicks halved``: no deploy, retrieval unchanged; from the
   event on, every citation (a prompt change) or every click (a page redesign) is half as
-  likely. A ``label_shift`` should open (a ticket) and no retrieval regression (a page).
+  likely. A ``label_shift`` should open (a ticket) and no retrieval regression (a page);
+* ``later feedback`` (not in the default kinds): a new version exactly as good as the
+  old one whose users act twice as late (every click, citation and judgment of its
+  queries comes after twice the delay: up to 10 minutes, some of it after the 5-minute
+  label age the detector compares): anything it opens is a false alarm.
 
 In the drop runs every relevant chunk the retriever missed is still surfaced later
 (cited through another route or judged), so a find-rate drop lowers the measured
@@ -28,7 +32,7 @@ False alarms are every regression opened in a no-change run, counted per 30 days
 monitored traffic (the second day of each run: the first is the history that deploy
 baselines and drift need). A drop is detected when a regression of the new version
 opens at or after the deploy (of any version after the drift starts); the delay is its
-``opened_at`` minus the event's time, the attribution window included. The static rule
+``opened_at`` minus the event's time, the label age included. The static rule
 ("the 1 h recall@5 of a slice is below T", with the same volume guard and label
 maturity) is tuned on the no-change runs to the detector's false-alarm count.
 
@@ -92,6 +96,8 @@ KINDS = (
     "clicks halved",
 )
 NULL_KINDS = ("no-change", "no-change canary")
+LATER_KINDS = ("later feedback",)
+"""No change of quality, another timing of the labels: every alarm is false."""
 LABEL_KINDS = ("citations halved", "clicks halved")
 LABEL_SHIFT = "label_shift"
 ORACLE_DELAYS = tuple(range(15, 301, 15))
@@ -149,6 +155,8 @@ def simulation(
         shape = replace(shape, citations_scale=0.5, citations_scale_at_ms=event)
     elif kind == "clicks halved":
         shape = replace(shape, clicks_scale=0.5, clicks_scale_at_ms=event)
+    elif kind == "later feedback":
+        after = replace(after, feedback_delay=2.0)
     unchanged = kind in ("slow drift", *LABEL_KINDS)
     return SimulationConfig(
         seed=seed,
@@ -220,11 +228,12 @@ def run_one(
     windows += closed
     pipeline.deliver(closed)
     cfg = monitor.detector.config
+    final_ms = config.pipeline.join.attribution_ms  # (when the final windows are out)
     detector = [
         (r.opening.retriever, r.opening.segment, r.opening.metric, r.opened_ms, r.opening.kind)
         for r in monitor.detector.opened
     ]
-    per_look = per_look_alarms(windows, {NEW: HYBRID_V7.name}, cfg.window_ms, cfg.attribution_ms)
+    per_look = per_look_alarms(windows, {NEW: HYBRID_V7.name}, cfg.window_ms, final_ms)
     shape = sim.shape or TrafficShape()
     event_ms = (
         sim.switch_at_ms
@@ -234,7 +243,7 @@ def run_one(
         or 0
     )
     oracle = {}
-    if kind not in (*NULL_KINDS, *LABEL_KINDS, "slow drift"):
+    if kind not in (*NULL_KINDS, *LATER_KINDS, *LABEL_KINDS, "slow drift"):
         concurrent = kind.startswith("canary")
         for metric in cfg.watched:
             for d in ORACLE_DELAYS:
@@ -255,7 +264,7 @@ def run_one(
         event_ms=event_ms,
         detector=detector,
         per_look=per_look,
-        static_series=_static_series(windows, cfg.window_ms, cfg.attribution_ms),
+        static_series=_static_series(windows, cfg.window_ms, final_ms),
         labelled_per_hour=sum(w.labelled for w in windows) / (sim.duration_ms / HOUR_MS),
         monitored_days=0.5 if short else 1.0,
         oracle=oracle,
@@ -409,14 +418,15 @@ def main() -> int:
     print()
     print("| event | rule | detected | median delay | alarms before the event |")
     print("|---|---|---|---|---|")
-    for kind in (k for k in kinds if k not in LABEL_KINDS):
+    for kind in (k for k in kinds if k not in (*LABEL_KINDS, *LATER_KINDS)):
         runs = [r for r in results if r.kind == kind]
         print(row(kind, "**sequential detector**", runs, [r.detector for r in runs]))
         print(row(kind, "per-look Welch detector", runs, [r.per_look for r in runs]))
         static = [static_alarms(r.static_series, threshold) for r in runs]
         print(row(kind, f"static threshold (T = {threshold:.3f})", runs, static))
     print_label_kinds(results, [k for k in kinds if k in LABEL_KINDS])
-    changed = [r for r in results if r.kind in kinds and r.kind not in LABEL_KINDS]
+    print_later_kinds(results, [k for k in kinds if k in LATER_KINDS])
+    changed = [r for r in results if r.kind in kinds and r.kind not in (*LABEL_KINDS, *LATER_KINDS)]
     shifted = sum(any(k == LABEL_SHIFT for *_, k in r.detector) for r in changed)
     print(
         f"\nruns where retrieval changed (labels not) with a label shift opened: "
@@ -443,6 +453,24 @@ def print_label_kinds(results: list[RunResult], kinds: list[str]) -> None:
             any(k != LABEL_SHIFT and at >= r.event_ms for *_, at, k in r.detector) for r in runs
         )
         print(f"| {kind} | {len(found)}/{len(runs)} | {median} | {paged}/{len(runs)} |")
+
+
+def print_later_kinds(results: list[RunResult], kinds: list[str]) -> None:
+    """No change of quality, later labels: what opened is a false alarm (the detector
+    compares both sides at the same label age, not at the same label timing)."""
+    if not kinds:
+        return
+    print()
+    print("| no change, labels later | runs with an alarm | alarms (metric: count) |")
+    print("|---|---|---|")
+    for kind in kinds:
+        runs = [r for r in results if r.kind == kind]
+        alarms = [a for r in runs for a in r.detector]
+        by_metric: dict[str, int] = {}
+        for _, _, metric, _, _ in alarms:
+            by_metric[metric] = by_metric.get(metric, 0) + 1
+        hit = sum(1 for r in runs if r.detector)
+        print(f"| {kind} | {hit}/{len(runs)} | {len(alarms)} {by_metric or ''} |")
 
 
 ORACLE_ALPHA = 1 / 30

@@ -4,19 +4,22 @@ is counted, logged with its place and skipped; the windows next to it are kept."
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 import pytest
 from fastapi.testclient import TestClient
+from kafka.structs import OffsetAndMetadata, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.broker.follower import decode_windows
+from service.broker.follower import decode_windows, progress_of
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.model import DetectorConfig
 from service.http.app import create_app
 from service.metrics.ir import metric_keys
+from service.stream.offsets import encode_metadata
+from service.stream.windows import ClosedWindow
 from tests.unit.samples import T0, W
 from tests.unit.samples import window as _window
 
@@ -65,3 +68,29 @@ def test_the_global_view_exports_its_bad_records() -> None:
         if s.name.startswith("retrieval_global_view_bad_records")
     }
     assert values["retrieval_global_view_bad_records_total"] == 3
+
+
+def test_early_window_records_come_back_as_early_windows_and_the_markers_as_progress() -> None:
+    """An early window's record says its label age (the final record has none, so the
+    windows topic keeps the contract's records), and is read back as what it is; the
+    commits' ``early`` markers are the detector's progress."""
+    keys = metric_keys((1, 3, 5, 10, 20))
+    final = _window(T0, 4)
+    early = replace(final, labelled=3, label_age_ms=300_000)
+    assert "label_age_ms" not in final.to_record(keys)
+    assert early.to_record(keys)["label_age_ms"] == 300_000
+    records = [
+        Record(orjson.dumps(w.to_record(keys)), timestamp=T0, offset=i)
+        for i, w in enumerate((final, early))
+    ]
+    windows, bad, _ = decode_windows(records)
+    assert (windows, bad) == ([final, early], 0)
+    assert [ClosedWindow.from_record(orjson.loads(r.value)) for r in records] == [final, early]
+    meta = OffsetAndMetadata
+    committed = {
+        TopicPartition("q", 0): meta(5, encode_metadata(T0, 5, None, T0 + W, T0 + 6 * W), -1),
+        TopicPartition("f", 0): meta(7, encode_metadata(T0, 7, None, T0 + W, T0 + 6 * W), -1),
+        TopicPartition("q", 1): meta(2, encode_metadata(T0, 2, None, T0 + 2 * W), -1),
+        TopicPartition("f", 1): None,
+    }
+    assert progress_of(committed) == ({0: T0 + W, 1: T0 + 2 * W}, {0: T0 + 6 * W})

@@ -358,3 +358,38 @@ def test_bad_profiles_are_rejected() -> None:
         dataclasses.replace(HYBRID_V7, rank_decay=1.0)
     with pytest.raises(ConfigError, match="find_rate"):
         dataclasses.replace(HYBRID_V7, find_rate=-0.1)
+
+
+def test_a_version_whose_users_act_later_delays_its_feedback_and_nothing_else() -> None:
+    """``feedback_delay`` scales the delay of each feedback event of the version's queries
+    (the same draws: the same feedback, later); the other version's is unchanged."""
+    base = SimulationConfig(seed=3, duration_ms=HOUR_MS, queries_per_hour=600, after=HYBRID_V8)
+    slow = dataclasses.replace(base, after=dataclasses.replace(HYBRID_V8, feedback_delay=2.0))
+
+    def delays(config: SimulationConfig) -> dict[str, list[tuple[str, str, int]]]:
+        events = list(generate(config))
+        asked = {
+            str(e.event["query_id"]): (str(e.event["retriever"]), e.timestamp_ms)
+            for e in events
+            if e.topic == "queries"
+        }
+        out: dict[str, list[tuple[str, str, int]]] = collections.defaultdict(list)
+        for e in sorted(events, key=lambda e: (e.timestamp_ms, e.key)):
+            if e.topic == "feedback" and e.event.get("signal") in ("click", "citation", "judgment"):
+                retriever, ts = asked[str(e.event["query_id"])]
+                delay = e.timestamp_ms - ts
+                out[retriever].append((str(e.event["chunk_id"]), str(e.event["signal"]), delay))
+        for values in out.values():
+            values.sort()
+        return out
+
+    before, after = delays(base), delays(slow)
+    assert before[HYBRID_V7.name] == after[HYBRID_V7.name]
+    fast, late = before[HYBRID_V8.name], after[HYBRID_V8.name]
+    assert len(fast) > 100
+    # (each list sorted by chunk, signal and delay: doubling keeps that order)
+    assert [(c, s) for c, s, _ in late] == [(c, s) for c, s, _ in fast]
+    assert all(abs(b - 2 * a) <= 1 for (_, _, a), (_, _, b) in zip(fast, late, strict=True))
+    assert max(d for *_, d in late) > 5 * MINUTE_MS  # some of it past a 5-minute label age
+    with pytest.raises(ConfigError, match="feedback_delay"):
+        dataclasses.replace(HYBRID_V8, feedback_delay=0.0)
