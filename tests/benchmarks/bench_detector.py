@@ -46,9 +46,11 @@ the oracle's baseline is then the detector's trend (``trend``) rather than ``day
 
 After the tables, the share of runs an oracle finds at each delay: one look, knowing the
 time, the metric and the direction, at level 1/30 (see ``oracle_bound``); no detector
-does better, so it says which delays this traffic allows at all. ``--attribution 5``
-runs everything with a 5-minute attribution window: every simulated label comes within
-5 minutes, so that is what comparing both sides at equal label maturity would give.
+does better, so it says which delays this traffic allows at all. The detector compares
+early windows at the label age of 5 minutes (``REGRESSION_LABEL_AGE``); the static rule
+and the per-look detector read the final windows, 30 minutes after their end.
+``--attribution 5`` runs everything with a 5-minute attribution window (the early
+windows are then the final ones).
 
 Run: ``python tests/benchmarks/bench_detector.py`` (``--runs 20``, ``--null-runs 60``
 by default; about 25 minutes on 2 cores). Prints a table; nothing is asserted.
@@ -354,8 +356,8 @@ def main() -> int:
         "--attribution",
         type=float,
         metavar="MIN",
-        help="the attribution window in minutes (default 30); every simulated label comes "
-        "within 5, so 5 shows what comparing at equal label maturity would gain",
+        help="the attribution window in minutes (default 30; at 5 or less the detector "
+        "compares the final windows, which are then at its label age)",
     )
     parser.add_argument(
         "--no-history-span",
