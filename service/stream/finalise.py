@@ -10,11 +10,39 @@ from service.metrics.aggregates import aggregate_groups
 from service.metrics.ir import FloatArray, JudgedBatch, compute_metrics
 from service.metrics.packed import judge_packed
 from service.stream.audit_step import SampledClose, finalised_requests
-from service.stream.join import RANKING_START, PartitionStream
+from service.stream.join import RANKING_START, PartitionStream, Rows
 from service.stream.join_state import WindowKey
 from service.stream.labels import SOURCE_BITS
 from service.stream.mined import LabelRecorder
 from service.stream.windows import ClosedWindow
+
+
+class _Columns:
+    """The queries of several windows as the metric core takes them, one group a window."""
+
+    def __init__(self) -> None:
+        self.rankings: list[bytes] = []
+        self.labels: list[dict[int, int] | None] = []
+        self.context_ks: list[int] = []
+        self.groups: list[int] = []
+        self.masks: list[int] = []  # per query, the sources of its relevant labels
+
+    def add(self, group: int, rows: Rows) -> range:
+        """A window's rows (:meth:`PartitionStream.close`'s); return where they went."""
+        packed, grades, window_ks, _, sources = rows
+        start = len(self.rankings)
+        self.rankings += packed
+        self.labels += grades
+        self.context_ks += window_ks
+        self.masks += sources
+        self.groups += [group] * len(packed)
+        return range(start, len(self.rankings))
+
+    def judge(self, ks: tuple[int, ...]) -> tuple[JudgedBatch, dict[str, FloatArray]]:
+        """The judged batch and its metric values (a row per query)."""
+        rankings, labels, context_ks = self.rankings, self.labels, self.context_ks
+        batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
+        return batch, compute_metrics(batch, ks)
 
 
 def finalise(
@@ -28,30 +56,21 @@ def finalise(
     and the audit sample's requests (:mod:`service.stream.audit_step`)."""
     if not closing:
         return []
-    rankings: list[bytes] = []
-    labels: list[dict[int, int] | None] = []
-    context_ks: list[int] = []
-    groups: list[int] = []
-    masks: list[int] = []  # per query, the sources of its relevant labels
+    columns = _Columns()
     mined: list[tuple[dict[str, object], ...]] = []
     sampled: list[SampledClose] = []  # the windows that hold queries of the audit sample
     for group, (stream, key) in enumerate(closing):
-        packed, grades, window_ks, ids, sources = stream.close(key)
+        rows = stream.close(key)
+        packed, grades, window_ks, ids, _ = rows
         if recorder is not None:
             mined.append(tuple(recorder.finalised(ids, grades, key)))
+        span = columns.add(group, rows)
         if stream.audits is not None and stream.audits.sampled:
-            rows = range(len(rankings), len(rankings) + len(packed))
-            sampled.append(SampledClose(stream, key, rows, packed, grades, window_ks, ids))
-        rankings += packed
-        labels += grades
-        context_ks += window_ks
-        masks += sources
-        groups += [group] * len(packed)
-    batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
-    values = compute_metrics(batch, ks)
+            sampled.append(SampledClose(stream, key, span, packed, grades, window_ks, ids))
+    batch, values = columns.judge(ks)
     for closed_window in sampled:
         finalised_requests(closed_window, values)
-    return _windows(closing, batch, values, groups, masks, window_ms=window_ms, mined=mined)
+    return _windows(closing, batch, values, columns, window_ms=window_ms, mined=mined)
 
 
 def early_windows(
@@ -61,42 +80,31 @@ def early_windows(
     within ``age_ms`` of their query), through the same metric core as :func:`finalise`."""
     if not due:
         return []
-    rankings: list[bytes] = []
-    labels: list[dict[int, int] | None] = []
-    context_ks: list[int] = []
-    groups: list[int] = []
-    masks: list[int] = []
+    columns = _Columns()
     for group, (stream, key) in enumerate(due):
-        packed, grades, window_ks, _, sources = stream.early_rows(key)
-        rankings += packed
-        labels += grades
-        context_ks += window_ks
-        masks += sources
-        groups += [group] * len(packed)
-    batch = judge_packed(rankings, labels, context_ks, ideal_depth=max(ks), skip=RANKING_START)
-    values = compute_metrics(batch, ks)
-    return _windows(due, batch, values, groups, masks, window_ms=window_ms, age_ms=age_ms)
+        columns.add(group, stream.early_rows(key))
+    batch, values = columns.judge(ks)
+    return _windows(due, batch, values, columns, window_ms=window_ms, age_ms=age_ms)
 
 
 def _windows(
     closing: list[tuple[PartitionStream, WindowKey]],
     batch: JudgedBatch,
     values: dict[str, FloatArray],
-    groups: list[int],
-    masks: list[int],
+    columns: _Columns,
     *,
     window_ms: int,
     mined: list[tuple[dict[str, object], ...]] | None = None,
     age_ms: int | None = None,
 ) -> list[ClosedWindow]:
     """The window records of the groups of a judged batch (a window per group)."""
-    group_index = np.asarray(groups, dtype=np.int64)
+    group_index = np.asarray(columns.groups, dtype=np.int64)
     n = len(closing)
     aggregates = aggregate_groups(values, group_index, n)
     n_queries = np.bincount(group_index, minlength=n)
     n_labelled = np.bincount(group_index[batch.labelled], minlength=n)
     n_context = np.bincount(group_index[batch.context_k > 0], minlength=n)
-    n_sources = _sources_per_group(masks, group_index, n)
+    n_sources = _sources_per_group(columns.masks, group_index, n)
     out = []
     for group, (stream, (retriever, segment, start)) in enumerate(closing):
         if n_queries[group] == 0:

@@ -283,29 +283,23 @@ def test_clean_run_publishes_each_window_once_and_equals_the_offline_evaluation(
     queries = [r.event for r in records if isinstance(r.event, QueryEvent)]
     feedback = [r.event for r in records if isinstance(r.event, FeedbackEvent)]
     partition_of = {q.query_id: zlib.crc32(q.query_id.encode()) % N_PARTITIONS for q in queries}
-    expected = evaluate_event_log(
-        queries,
-        feedback,
-        window_ms=JOIN.window_ms,
-        attribution_ms=JOIN.attribution_ms,
-        clock_skew_ms=JOIN.clock_skew_ms,
-        ks=CONFIG.ks,
-        partition_of=partition_of,
-    )
-    assert windows == expected
+
+    def offline(attribution_ms: int) -> dict[str, ClosedWindow]:
+        return evaluate_event_log(
+            queries,
+            feedback,
+            window_ms=JOIN.window_ms,
+            attribution_ms=attribution_ms,
+            clock_skew_ms=JOIN.clock_skew_ms,
+            ks=CONFIG.ks,
+            partition_of=partition_of,
+        )
+
+    assert windows == offline(JOIN.attribution_ms)
     # and each early window, once: the same evaluation with only the labels that came
     # within the label age
     early = clean.early_once()
-    at_age = evaluate_event_log(
-        queries,
-        feedback,
-        window_ms=JOIN.window_ms,
-        attribution_ms=JOIN.early_ms,
-        clock_skew_ms=JOIN.clock_skew_ms,
-        ks=CONFIG.ks,
-        partition_of=partition_of,
-    )
-    assert {k: replace(w, label_age_ms=None) for k, w in early.items()} == at_age
+    assert {k: replace(w, label_age_ms=None) for k, w in early.items()} == offline(JOIN.early_ms)
     assert {w.label_age_ms for w in early.values()} == {JOIN.early_ms}
     [counts] = clean.counts
     assert sum(counts.queries.values()) == len(queries)

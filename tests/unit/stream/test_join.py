@@ -44,7 +44,7 @@ from service.stream.offsets import restart_from
 from service.stream.pipeline import Pipeline, PipelineConfig
 from service.stream.reference import evaluate_event_log
 from service.stream.topics import FEEDBACK, QUERIES
-from service.stream.windows import ClosedWindow
+from service.stream.windows import ClosedWindow, WindowSink
 from service.times import HOUR_MS, rfc3339_millis
 
 SEC = 1_000
@@ -606,23 +606,32 @@ def traffic() -> list[Parsed]:
     return out
 
 
-def expected_windows(traffic: list[Parsed], partition_of: dict[str, int] | None = None) -> Any:
+def expected_windows(
+    traffic: list[Parsed],
+    partition_of: dict[str, int] | None = None,
+    attribution_ms: int = SIM_JOIN.attribution_ms,
+) -> Any:
     queries = [ev for _, ev in traffic if isinstance(ev, QueryEvent)]
     feedback = [ev for _, ev in traffic if isinstance(ev, FeedbackEvent)]
     return evaluate_event_log(
         queries,
         feedback,
         window_ms=SIM_JOIN.window_ms,
-        attribution_ms=SIM_JOIN.attribution_ms,
+        attribution_ms=attribution_ms,
         clock_skew_ms=SIM_JOIN.clock_skew_ms,
         ks=KS,
         partition_of=partition_of,
     )
 
 
-def stream(records: Iterable[tuple[int, Parsed]], partitions: int) -> dict[str, ClosedWindow]:
+def stream(
+    records: Iterable[tuple[int, Parsed]],
+    partitions: int,
+    config: PipelineConfig = SIM_CONFIG,
+    sinks: Sequence[WindowSink] = (),
+) -> dict[str, ClosedWindow]:
     """Feed (partition, event) records; every key must be published exactly once."""
-    p = Pipeline(SIM_CONFIG, now_ms=lambda: SIM_NOW)
+    p = Pipeline(config, now_ms=lambda: SIM_NOW, sinks=sinks)
     for partition in range(partitions):
         p.assign(partition)
     offsets = Counter[tuple[int, str]]()
@@ -783,7 +792,8 @@ class EarlySink:
         self.through_ms: list[int] = []
 
     def add(self, windows: Sequence[ClosedWindow]) -> None:
-        pass
+        for w in windows:  # a window's early aggregate came before it closed
+            assert w.key in self.early
 
     def add_early(self, windows: Sequence[ClosedWindow]) -> None:
         for w in windows:
@@ -803,40 +813,9 @@ def test_early_windows_equal_the_offline_evaluation_with_labels_within_their_age
     age: every query of the window, only the labels that came within 2 minutes of it."""
     partition_of = {sim.key: zlib.crc32(sim.key.encode()) % 2 for sim, _ in traffic}
     sink = EarlySink()
-    p = Pipeline(EARLY_CONFIG, now_ms=lambda: SIM_NOW, sinks=[sink])
-    p.assign(0)
-    p.assign(1)
-    offsets = Counter[tuple[int, str]]()
-    finals: dict[str, ClosedWindow] = {}
-    for n, (sim, event) in enumerate(traffic, start=1):
-        partition = partition_of[sim.key]
-        offset = offsets[partition, sim.topic]
-        offsets[partition, sim.topic] += 1
-        if isinstance(event, QueryEvent):
-            assert p.query(partition, offset, event) is None
-        else:
-            assert p.feedback(partition, offset, event) is None
-        if n % ADVANCE_EVERY == 0:
-            closed = p.advance()
-            p.deliver(closed)
-            for w in closed:
-                # a window's early aggregate comes before it closes (8 minutes before)
-                assert w.key in sink.early
-                finals[w.key] = w
-    closed = p.finish()
-    p.deliver(closed)
-    finals.update((w.key, w) for w in closed)
-    queries = [ev for _, ev in traffic if isinstance(ev, QueryEvent)]
-    feedback = [ev for _, ev in traffic if isinstance(ev, FeedbackEvent)]
-    at_age = evaluate_event_log(
-        queries,
-        feedback,
-        window_ms=SIM_JOIN.window_ms,
-        attribution_ms=2 * MIN,
-        clock_skew_ms=SIM_JOIN.clock_skew_ms,
-        ks=KS,
-        partition_of=partition_of,
-    )
+    records = ((partition_of[item[0].key], item) for item in traffic)
+    finals = stream(records, partitions=2, config=EARLY_CONFIG, sinks=[sink])
+    at_age = expected_windows(traffic, partition_of, attribution_ms=2 * MIN)
     assert sink.early == at_age
     assert finals == expected_windows(traffic, partition_of)
     # the age matters: some labels came later than 2 minutes, none of the queries did
