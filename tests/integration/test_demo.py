@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 HOURS, DEPLOY_AT, ROLLBACK_AT = 6, 2, 4
 """The simulated span, the bad deploy of hybrid-v8 and its rollback, in hours."""
-ATTRIBUTION_MS = HOUR_MS // 2
-"""A boundary is evaluated once its windows are final, this much event time after it."""
+LABEL_AGE_MS = 5 * 60_000
+"""The detector compares windows at this label age: a boundary's decisions are stamped
+this much event time after it (``REGRESSION_LABEL_AGE``)."""
 
 
 def _get(port: int, path: str) -> bytes:
@@ -91,7 +92,7 @@ def _watch(process: subprocess.Popen[bytes], port: int, rollback_ms: int) -> dic
                     open_before_rollback.setdefault(_key(row), body["evaluated_through"])
         elif v8 and all(r["state"] == "closed" for r in v8):
             break
-        elif through_ms >= rollback_ms + HOUR_MS + ATTRIBUTION_MS:
+        elif through_ms >= rollback_ms + HOUR_MS + HOUR_MS // 2:
             break  # it should have closed at the first boundary an hour after the rollback
     at = time.monotonic()
     waited = f"{at - started:.0f} s, the last new boundary {at - moved_at:.0f} s before"
@@ -111,8 +112,8 @@ def _check_closed(port: int, rollback_ms: int, open_before_rollback: dict[Key, s
     for row in closed:
         assert row["state"] == "closed", row
         assert _ms(row["opened_at"]) < _ms(row["closed_at"]), row
-        # the first boundary an hour clear of hybrid-v8's last window, once final
-        assert _ms(row["closed_at"]) >= rollback_ms + HOUR_MS + ATTRIBUTION_MS, row
+        # the first boundary an hour clear of hybrid-v8's last window, at the label age
+        assert _ms(row["closed_at"]) >= rollback_ms + HOUR_MS + LABEL_AGE_MS, row
     flags, closed_series = [], []
     for family in text_string_to_metric_families(_get(port, "/metrics").decode()):
         for sample in family.samples:
