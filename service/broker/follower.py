@@ -268,11 +268,14 @@ class WindowFollower:
         windows, bad, oldest = decode_windows(r for records in batches for r in records)
         if windows or bad:
             with self.state.lock:
-                final = [w for w in windows if w.label_age_ms is None]
+                final: list[ClosedWindow] = []
+                early: list[ClosedWindow] = []
+                for w in windows:
+                    (final if w.label_age_ms is None else early).append(w)
                 if final:
                     self.view.add(final)
-                if len(final) < len(windows):
-                    self.view.add_early([w for w in windows if w.label_age_ms is not None])
+                if early:
+                    self.view.add_early(early)
                 self.view.bad_records += bad
                 if oldest is not None:
                     self.view.delay_ms = max(0, self.state.wall_ms() - oldest)

@@ -32,7 +32,9 @@ def run_service(settings: Settings) -> int:
         state,
         settings.kafka_client_config(),
         windows_topic=settings.windows_topic,
-        early_topic=settings.early_topic if monitor.config.pipeline.join.early_age_ms else None,
+        early_topic=(
+            None if monitor.config.pipeline.join.early_age_ms is None else settings.early_topic
+        ),
         group_id=settings.group_id,
         input_topics=(settings.queries_topic, settings.feedback_topic),
         partitions=partitions,

@@ -118,6 +118,8 @@ class PartitionStream:
         self.source_masks: dict[QueryId, int] = {}
         """The pending queries with a relevant label: the bits of the sources that gave one
         (``SOURCE_BITS``; only feedback that the labelling rule applied counts)."""
+        self._early_age_ms = config.early_age_ms
+        """``JoinConfig.early_age_ms``, read once (the labelling rule asks per feedback)."""
         self.early_labels: dict[QueryId, dict[int, int]] = {}
         """Like ``labels``, of the feedback that came within the early label age of its
         query (``JoinConfig.early_age_ms``), until the early aggregate takes them."""
@@ -421,7 +423,7 @@ class PartitionStream:
             sources[query_id] = sources.get(query_id, 0) | source
         if offset < window.min_fb_offset:  # noqa: PLR1730 - it runs per record
             window.min_fb_offset = offset
-        early = cfg.early_age_ms
+        early = self._early_age_ms
         if early is not None and ts_ms <= query_ts + early:
             self._attach_early(query_id, chunk, grade, source)
         return True
@@ -503,7 +505,7 @@ class PartitionStream:
         """The open windows due for their early aggregate (the watermark passed their end
         plus the early label age, and they had none yet), oldest first; from now on every
         window ending at or before that limit counts as having had it."""
-        age, wm = self.config.early_age_ms, self.watermark.value
+        age, wm = self._early_age_ms, self.watermark.value
         if age is None or wm == NEVER:
             return []
         window_ms = self.config.window_ms
