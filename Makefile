@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help venv demo demo-golden test quick faults fault-schedule check lint typecheck unit bench bench-audit clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
+.PHONY: help venv demo demo-golden test quick faults fault-schedule check lint typecheck unit bench bench-audit bench-detector-week clean kafka-up kafka-down monitoring-tools monitoring-check monitoring-up monitoring-down
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-10s %s\n", $$1, $$2}'
@@ -59,15 +59,20 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_replay.py
 	$(BIN)/python tests/benchmarks/bench_memory.py
 
-bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; 11 CPU minutes, about 6 on 2 idle cores)
-	$(BIN)/python tests/benchmarks/bench_audit_estimates.py --seeds $${SEEDS:-40}
 	$(BIN)/python tests/benchmarks/bench_run_kafka.py
 	$(BIN)/python tests/benchmarks/bench_restore.py
 	$(BIN)/python tests/benchmarks/bench_detector.py
+	$(BIN)/python tests/benchmarks/bench_day_baseline.py
 	$(BIN)/python tests/benchmarks/bench_global_view.py
 	$(BIN)/python tests/benchmarks/bench_pipeline.py
 	$(BIN)/python tests/benchmarks/bench_window_records.py
 	$(BIN)/python tests/benchmarks/bench_records.py
+
+bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; 11 CPU minutes, about 6 on 2 idle cores)
+	$(BIN)/python tests/benchmarks/bench_audit_estimates.py --seeds $${SEEDS:-40}
+
+bench-detector-week: $(STAMP) ## the regression detector with a week of history before each event (REGRESSION_BASELINE_DAYS at its default 7): 120 runs of 8 days, about 75 minutes on 2 cores
+	$(BIN)/python tests/benchmarks/bench_detector.py --history-days 7 --runs 20 --null-runs 20 --kinds "drop,canary 20%,find rate only,later feedback,slow drift"
 
 monitoring-tools: ## install Prometheus, promtool and Alertmanager from Debian's packages if missing (needs root)
 	bash deploy/local/monitoring.sh install

@@ -127,6 +127,7 @@ class Settings(BaseSettings):
     regression_no_history_span_ms: Duration = ms_setting(
         "regression_no_history_span", DetectorConfig, "no_history_span_ms"
     )
+    regression_baseline_days: int = default_of(DetectorConfig, "baseline_days")
     regression_min_labelled: int = default_of(DetectorConfig, "min_labelled")
     regression_min_effect: float = default_of(DetectorConfig, "min_effect")
     regression_alpha: float = default_of(DetectorConfig, "alpha")
@@ -295,6 +296,7 @@ def monitor_config(settings: Settings) -> MonitorConfig:
         deploy_watch_ms=whole_windows(settings.regression_deploy_watch_ms, window),
         no_history_watch_ms=whole_windows(settings.regression_no_history_watch_ms, window),
         no_history_span_ms=whole_windows(settings.regression_no_history_span_ms, window),
+        baseline_days=settings.regression_baseline_days,
         min_labelled=settings.regression_min_labelled,
         min_effect=settings.regression_min_effect,
         alpha=settings.regression_alpha,

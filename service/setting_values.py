@@ -101,6 +101,7 @@ DETECTOR_SETTINGS = {
     "deploy_watch_ms": "regression_deploy_watch",
     "no_history_watch_ms": "regression_no_history_watch",
     "no_history_span_ms": "regression_no_history_span",
+    "baseline_days": "regression_baseline_days",
     "min_labelled": "regression_min_labelled",
     "min_effect": "regression_min_effect",
     "alpha": "regression_alpha",

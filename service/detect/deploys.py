@@ -8,13 +8,13 @@ import bisect
 from collections.abc import Mapping
 
 from service.detect.budget import phase_alpha
+from service.detect.days import same_hours, whole_days
 from service.detect.history import SliceHistory
 from service.detect.model import ComparisonKind, Deploy, DetectorConfig, Family, Sums
 from service.detect.plans import Comparison
 from service.detect.status import WhyNot
 from service.detect.trend import trend_baseline, window_rows
 from service.stream.windows import SliceKey
-from service.times import DAY_MS
 
 CANARY, DEPLOY = ComparisonKind.CANARY, ComparisonKind.DEPLOY
 
@@ -40,9 +40,8 @@ def find_previous(
     # a version seen within the first hour of any history is not a deploy but a start
     if best is None or history_from is None or history_from > at - cfg.candidate_ms:
         return None
-    previous = series[best[1], key[1]]
-    daily = previous.first_start_ms is not None and previous.first_start_ms <= at - DAY_MS
-    return Deploy(best[1], at, daily)
+    days = whole_days(series[best[1], key[1]].first_start_ms, at, cfg.baseline_days)
+    return Deploy(best[1], at, days)
 
 
 def deploy_comparison(
@@ -77,10 +76,10 @@ def deploy_comparison(
         canaried.add(key)
         family = Family(CANARY, deploy.previous, phase_alpha(cfg.alpha, True), 1, deploy.at_ms)
         return family, since, candidate
-    if deploy.daily and previous is not None:
-        # the previous version over the same hours one day earlier: a daily cycle of
+    if deploy.days and previous is not None:
+        # the previous version over the same hours of earlier days: a daily cycle of
         # traffic and quality cancels (the full day before would not match the hours)
-        base: Sums = previous.total(deploy.at_ms - DAY_MS, end - DAY_MS)
+        base: Sums = same_hours(previous, deploy.at_ms, end, cfg.baseline_days)
     else:  # less than a day of its history: a trend across the switch
         if end - deploy.at_ms > cfg.no_history_watch_ms:
             return WhyNot.WATCH_ENDED  # (past it the cycle's curvature would bias it)

@@ -22,14 +22,16 @@ Metrics: the configured ones plus the labelled share (queries with a relevant la
   deploy. While the previous version still serves beside it (a *canary*), the two are
   compared over the same span since the switch: the same traffic mix, hours and label
   maturity. Once it no longer serves (a full rollout, or a promoted canary), the new
-  version is compared with the previous one over the same hours one day earlier (with
-  less than a day of its history: as long a span just before the switch as the new
-  version has served, at least ``no_history_span_ms`` and at most ``baseline_ms``, plus
-  whatever the previous version served after, through a straight line in time that both
-  versions share, so that a daily cycle's slope cancels (:mod:`service.detect.trend`);
-  and only for ``no_history_watch_ms`` after the switch, since its curvature biases the
-  line more the longer it runs). Both sides end at the new version's last closed window;
-  a version that served nothing for ``candidate_ms`` (rolled back) is no longer tested.
+  version is compared with the previous one over the same hours of up to
+  ``baseline_days`` previous days, day-to-day variation counted
+  (:mod:`service.detect.days`; with less than a day of its history: as long a span just
+  before the switch as the new version has served, at least ``no_history_span_ms`` and
+  at most ``baseline_ms``, plus whatever the previous version served after, through a
+  straight line in time that both versions share, so that a daily cycle's slope cancels
+  (:mod:`service.detect.trend`); and only for ``no_history_watch_ms`` after the switch,
+  since its curvature biases the line more the longer it runs). Both sides end at the
+  new version's last closed window; a version that served nothing for ``candidate_ms``
+  (rolled back) is no longer tested.
   A promoted canary keeps one comparison (one key), each phase with half of its alpha
   (:mod:`service.detect.budget`).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
@@ -39,11 +41,11 @@ Metrics: the configured ones plus the labelled share (queries with a relevant la
 * **drift**: outside deploys, a false-alarm budget for the whole deployment
   (``drift_budget`` per 30 days) is spent in epoch-aligned periods of
   ``drift_period_ms``: in each, a slice's windows since the period start are compared
-  with its own windows over the same hours one day earlier (so a daily cycle of traffic
-  and quality cancels), one sequential test per slice and metric, restarted every
-  period; the period's share of the budget is split over the slices that had
-  ``min_labelled`` queries the day before the period began (fixed for the period).
-
+  with its own windows over the same hours of up to ``baseline_days`` previous days (so
+  a daily cycle of traffic and quality cancels, and the days' spread is counted as for
+  a deploy), one sequential test per slice and metric, restarted every period; the
+  period's share of the budget is split over the slices that had ``min_labelled``
+  queries the day before the period began (fixed for the period).
 * **label shift**: in the same periods, each slice's label sources' shares against the
   same hours a day earlier, on their own budget; one falling while the others hold opens a
   ``label_shift`` and holds the slice's drift openings back (:mod:`.label_shift`).
@@ -62,6 +64,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from service.detect.budget import drift_family, phase_alpha
+from service.detect.days import same_hours
 from service.detect.deploys import deploy_comparison, find_previous
 from service.detect.history import SliceHistory, window_row
 from service.detect.label_shift import LabelShifts
@@ -286,7 +289,7 @@ class Detector:
                     planned += slice_plans(key, comparison, self._watched, cfg.min_labelled)
                     pooled.setdefault((key[0], deploy.previous), []).append(comparison)
             if key in drift_family:
-                base = series.total(period - DAY_MS, boundary - DAY_MS)
+                base = same_hours(series, period, boundary, cfg.baseline_days)
                 candidate = series.total(period, boundary)
                 family = Family(DRIFT, DRIFT_LABEL, cfg.drift_alpha, len(drift_family), period)
                 book.compared(key, family, base, candidate)

@@ -36,6 +36,16 @@ def window_row(window: ClosedWindow, metrics: Iterable[MetricKey], labelled_shar
     return row
 
 
+def sample_moments(n: int, mean: float, mean_variance: float) -> Moments:
+    """The sums of ``n`` values whose mean is ``mean`` and whose mean's variance is
+    ``mean_variance`` (a sample variance of ``n * mean_variance``): how a baseline built
+    from more than plain sums (a line, several days) reaches the mixture SPRT with its
+    exact mean and variance."""
+    sum_fx = round(mean * n * SCALE)
+    spread = round(n * mean_variance * n * (n - 1) * SCALE * SCALE)
+    return Moments(n, sum_fx, (spread + sum_fx * sum_fx) // (n * SCALE))
+
+
 def plus(a: Row, b: Row) -> Row:
     """Two rows summed, column by column."""
     return [x + y for x, y in zip(a, b, strict=True)]

@@ -59,6 +59,8 @@ that stops finding the answer often leaves no click at all, so its queries leave
 means of the other metrics instead of lowering them."""
 
 
+MAX_BASELINE_DAYS = 28
+"""The most previous days a deploy's baseline may span (the detector keeps their windows)."""
 MAX_DRIFT_BUDGET = 100.0
 """The most false drift alarms per 30 days a deployment may budget."""
 
@@ -99,6 +101,10 @@ class DetectorConfig:
     before the switch that the line is fitted on (once the new version has served longer,
     as long a span as it has served): a longer span fixes the slope better and lets the
     cycle's curvature bias it more."""
+    baseline_days: int = 7
+    """With days of history, a deploy is compared with the previous version's same hours
+    on up to this many previous days, and a slice's drift test with its own, day-to-day
+    variation counted (:mod:`service.detect.days`)."""
     min_labelled: int = 200
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
@@ -118,7 +124,8 @@ class DetectorConfig:
     label source tested (:mod:`service.detect.label_shift`); beside ``drift_budget``."""
     drift_period_ms: int = duration_field("6h")
     """Drift tests restart every period (epoch-aligned), each spending its share of the
-    budget; a slice is compared with itself one day earlier over the same hours."""
+    budget; a slice is compared with itself over the same hours of up to
+    ``baseline_days`` previous days."""
     close_after_ms: int = duration_field("1h")
     """A regression closes as ``recovered`` once its recovery test has shown the drop gone
     at every boundary for this long (:mod:`service.detect.lifecycle`)."""
@@ -138,6 +145,10 @@ class DetectorConfig:
                 raise ValueError(f"{name} must be a positive multiple of the window, got {value}")
         if self.drift_period_ms > DAY_MS:
             raise ValueError(f"drift_period_ms must be at most a day, got {self.drift_period_ms}")
+        if not 1 <= self.baseline_days <= MAX_BASELINE_DAYS:
+            raise ValueError(
+                f"baseline_days must lie in [1, {MAX_BASELINE_DAYS}], got {self.baseline_days}"
+            )
         if self.min_labelled < 2:
             raise ValueError(f"min_labelled must be at least 2, got {self.min_labelled}")
         if not 0.0 < self.alpha < 1.0:
@@ -183,8 +194,8 @@ class DetectorConfig:
         """How far back the detector reads windows."""
         return max(
             self.candidate_ms + self.baseline_ms,
-            self.deploy_watch_ms + DAY_MS,
-            DAY_MS + self.drift_period_ms,
+            self.deploy_watch_ms + self.baseline_days * DAY_MS,
+            self.baseline_days * DAY_MS + self.drift_period_ms,
         )
 
 
@@ -333,9 +344,10 @@ class Deploy:
 
     previous: str
     at_ms: int
-    daily: bool = False
-    """The previous version served a whole day before the switch: the deploy comparison
-    then uses its same hours one day earlier."""
+    days: int = 0
+    """The whole days before the switch the previous version had served, at most
+    ``baseline_days``: the deploy comparison uses its same hours on each of them
+    (:mod:`service.detect.days`); none, a line across the switch."""
 
 
 class Family(NamedTuple):

@@ -49,7 +49,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from service.detect.history import SliceHistory
+from service.detect.history import SliceHistory, sample_moments
 from service.detect.model import Sums
 from service.metrics.aggregates import SCALE, Moments
 from service.times import HOUR_MS
@@ -114,11 +114,7 @@ def trend_moments(
     gap = c.x_mean - b.x_mean
     mean = b.mean + slope * gap
     mean_var = b.variance / b.n + gap * gap * slope_var
-    n_b = b.n
-    # the sums of n_b values with this mean and sample variance n_b * mean_var
-    sum_fx = round(mean * n_b * SCALE)
-    spread = round(n_b * mean_var * n_b * (n_b - 1) * SCALE * SCALE)
-    return Moments(n_b, sum_fx, (spread + sum_fx * sum_fx) // (n_b * SCALE))
+    return sample_moments(b.n, mean, mean_var)
 
 
 def trend_baseline(

@@ -121,18 +121,20 @@ class RunResult:
     """(retriever, segment, opened_ms, 1 h recall@5) wherever the volume guard is met."""
     labelled_per_hour: float
     monitored_days: float
-    """The second day of a two-day run; half a day per 12-hour run (``--short``)."""
+    """Every day after the first (drift needs a day before it); half a day per 12-hour
+    run (``--short``)."""
     oracle: dict[tuple[str, int, int], tuple[float, float] | None]
     """(metric, delay min, maturity min) -> the oracle's (day, known) z (see oracle_bound)."""
 
 
 def simulation(
-    kind: str, seed: int, queries_per_hour: float, short: bool = False
+    kind: str, seed: int, queries_per_hour: float, short: bool = False, history_days: int = 1
 ) -> SimulationConfig:
+    """One run: ``history_days`` days of the old version, then the day of the event."""
     rng = random.Random(seed)
     start = 1_796_083_200_000 + seed * 7 * DAY_MS
-    event = start + DAY_MS + rng.randrange(0, 16 * 12) * 300_000
-    duration, segments = 2 * DAY_MS, SEGMENTS
+    event = start + history_days * DAY_MS + rng.randrange(0, 16 * 12) * 300_000
+    duration, segments = (history_days + 1) * DAY_MS, SEGMENTS
     if short:  # 12 h from any hour of the day, the event at hour 8, two segments
         start += rng.randrange(0, 24) * HOUR_MS
         event, duration, segments = start + 8 * HOUR_MS, 12 * HOUR_MS, SHORT_SEGMENTS
@@ -192,8 +194,9 @@ def run_one(
     short: bool,
     attribution_min: float | None = None,
     no_history_span_h: float | None = None,
+    history_days: int = 1,
 ) -> RunResult:
-    sim = simulation(kind, seed, queries_per_hour, short)
+    sim = simulation(kind, seed, queries_per_hour, short, history_days)
     now = [sim.start_ms]
     config = MonitorConfig()
     if tau is not None:
@@ -268,7 +271,7 @@ def run_one(
         per_look=per_look,
         static_series=_static_series(windows, cfg.window_ms, final_ms),
         labelled_per_hour=sum(w.labelled for w in windows) / (sim.duration_ms / HOUR_MS),
-        monitored_days=0.5 if short else 1.0,
+        monitored_days=0.5 if short else float(history_days),
         oracle=oracle,
     )
 
@@ -370,7 +373,17 @@ def main() -> int:
         action="store_true",
         help="12-hour runs from any hour, the event at hour 8 (no day of history), 2 segments",
     )
+    parser.add_argument(
+        "--history-days",
+        type=int,
+        default=1,
+        metavar="D",
+        help="days of the old version before the event's day (default 1; the detector "
+        "compares a deploy with up to REGRESSION_BASELINE_DAYS of them)",
+    )
     args = parser.parse_args()
+    if args.short and args.history_days != 1:
+        parser.error("--short runs have no day of history; leave out --history-days")
     kinds = [k for k in args.kinds.split(",") if k]
     started = time.perf_counter()
     jobs = [(NULL_KINDS[i % 2], i + 1) for i in range(args.null_runs)]
@@ -386,6 +399,7 @@ def main() -> int:
                 [args.short] * len(jobs),
                 [args.attribution] * len(jobs),
                 [args.no_history_span] * len(jobs),
+                [args.history_days] * len(jobs),
             )
         )
     elapsed = time.perf_counter() - started
@@ -398,7 +412,8 @@ def main() -> int:
     per_30 = 30 / days if days else float("nan")
     labelled = statistics.mean(r.labelled_per_hour for r in results)
     print(
-        f"{len(results)} runs of {'12 simulated hours' if args.short else '2 simulated days'} "
+        f"{len(results)} runs of "
+        f"{'12 simulated hours' if args.short else f'{args.history_days + 1} simulated days'} "
         f"({days:g} no-change days), {2 if args.short else 3} segments, daily cycles, "
         f"{args.queries_per_hour:.0f} queries/h on average ({labelled:.0f} labelled/h), "
         f"in {elapsed:.0f} s"

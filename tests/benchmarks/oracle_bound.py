@@ -11,7 +11,9 @@ watch several metrics and slices, and not know the metric, so it needs more.
 Two baselines:
 
 * ``day``: what the detector compares with; the previous version over the same span,
-  beside the new one for a canary, over the same hours one day earlier otherwise;
+  beside the new one for a canary, otherwise over the same hours of up to
+  ``baseline_days`` previous days (as many as the run has), pooled as the detector
+  pools them (:mod:`service.detect.days`);
 * ``known``: the baseline's mean as if known exactly (only the candidate's variance),
   which no amount of history beats (approximately: the mean is the ``day`` one's).
 
@@ -30,34 +32,21 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 
+from service.detect.days import pooled_days
 from service.detect.model import LABELLED_SHARE, DetectorConfig
 from service.detect.trend import WindowRow, trend_moments
-from service.metrics.aggregates import SCALE
+from service.metrics.aggregates import SCALE, Moments
 from service.stream.windows import ClosedWindow
 from service.times import DAY_MS
 
-Moments3 = tuple[int, float, float]
-"""count, sum, sum of squares."""
 
-
-def _totals(windows: Iterable[ClosedWindow], metric: str) -> Moments3:
-    n, s, q = 0, 0.0, 0.0
-    for w in windows:
-        if metric == LABELLED_SHARE:  # one 0/1 value per finalised query
-            n, s, q = n + w.queries, s + w.labelled, q + w.labelled
-        else:
-            m = w.metrics.get(metric)
-            if m is not None:
-                n, s, q = n + m.count, s + m.sum, q + m.sum_sq
-    return n, s, q
-
-
-def _mean_var(t: Moments3) -> tuple[float, float] | None:
-    n, s, q = t
-    if n < 2:
-        return None
-    mean = s / n
-    return mean, max(0.0, (q - n * mean * mean) / (n - 1))
+def _moments(windows: Iterable[ClosedWindow], metric: str) -> Moments:
+    """One metric's exact sums over the windows (the labelled share: one 0/1 value per
+    finalised query)."""
+    total = Moments()
+    for _, row in _rows(windows, 0, metric):
+        total += Moments(*row)
+    return total
 
 
 def oracle_z(
@@ -77,27 +66,28 @@ def oracle_z(
     cand = [
         w for w in windows if w.retriever == candidate and start <= w.start_ms and w.end_ms <= end
     ]
-    shift = 0 if concurrent else DAY_MS
-    base = [
-        w
-        for w in windows
-        if w.retriever == previous
-        and start - shift <= w.start_ms
-        and w.end_ms <= end - shift
-        and (not concurrent or w.start_ms >= start + 300_000)  # not the switch's window
-    ]
-    if not concurrent and not base:  # no day of history: the detector's trend
-        return _trend_z(windows, cand, previous, start, end, metric)
-    cand_totals, base_totals = _totals(cand, metric), _totals(base, metric)
-    c, b = _mean_var(cand_totals), _mean_var(base_totals)
-    if c is None or b is None:
+    old = [w for w in windows if w.retriever == previous]
+    if concurrent:  # beside it, after the switch's own window
+        base = _moments(
+            (w for w in old if start + 300_000 <= w.start_ms and w.end_ms <= end), metric
+        )
+    else:  # its same hours on up to baseline_days previous days, as the detector
+        shifts = [d * DAY_MS for d in range(1, DetectorConfig().baseline_days + 1)]
+        days = [
+            _moments((w for w in old if start - s <= w.start_ms and w.end_ms <= end - s), metric)
+            for s in shifts
+        ]
+        if not any(m.count for m in days):  # no day of history: the detector's trend
+            return _trend_z(windows, cand, previous, start, end, metric)
+        base = pooled_days(days)
+    c = _moments(cand, metric)
+    if c.variance is None or base.variance is None or c.mean is None or base.mean is None:
         return None
-    nc, nb = cand_totals[0], base_totals[0]
-    se_day = math.sqrt(c[1] / nc + b[1] / nb)
-    se_known = math.sqrt(c[1] / nc)
+    se_day = math.sqrt(c.variance / c.count + base.variance / base.count)
+    se_known = math.sqrt(c.variance / c.count)
     if se_day == 0 or se_known == 0:
         return None
-    delta = c[0] - b[0]
+    delta = c.mean - base.mean
     return delta / se_day, delta / se_known
 
 
@@ -133,15 +123,14 @@ def _trend_z(
     before = [w for w in windows if w.retriever == previous and start - span <= w.start_ms < end]
     window_ms = cand[0].end_ms - cand[0].start_ms if cand else config.window_ms
     base = trend_moments(_rows(before, start, metric), _rows(cand, start, metric), 0, window_ms)
-    c = _mean_var(_totals(cand, metric))
-    if c is None or base.mean is None or base.variance is None:
+    c = _moments(cand, metric)
+    if c.variance is None or c.mean is None or base.mean is None or base.variance is None:
         return None
-    nc = _totals(cand, metric)[0]
-    se_trend = math.sqrt(c[1] / nc + base.variance / base.count)
-    se_known = math.sqrt(c[1] / nc)
+    se_trend = math.sqrt(c.variance / c.count + base.variance / base.count)
+    se_known = math.sqrt(c.variance / c.count)
     if se_known == 0:
         return None
-    delta = c[0] - base.mean
+    delta = c.mean - base.mean
     return delta / se_trend, delta / se_known
 
 

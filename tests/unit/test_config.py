@@ -164,6 +164,7 @@ def test_the_detectors_own_checks_name_the_setting() -> None:
         "regression_tau": 1.0,
         "regression_min_effect": -0.1,
         "regression_min_labelled": 1,
+        "regression_baseline_days": 0,
         "regression_drift_budget": 101,
         "regression_drift_period": "2d",
         "regression_candidate": "0s",

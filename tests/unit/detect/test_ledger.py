@@ -26,9 +26,13 @@ from service.detect.ledger import (
 from service.detect.lifecycle import Lifecycle
 from service.detect.model import CloseReason, Regression
 from service.stream.windows import ClosedWindow
-from tests.unit.detect.test_detector import CONFIG, T0, H, traffic
+from tests.unit.detect.test_detector import CONFIG as DETECTOR_CONFIG
+from tests.unit.detect.test_detector import T0, H, traffic
 
 HOURS = 96
+CONFIG = replace(DETECTOR_CONFIG, baseline_days=1)
+"""One previous day of baseline: the history read back at a restart (a day and the
+watch) is then shorter than these four days, which is the case this file is about."""
 KB = ("v8", "kb", "recall@5", "v7")
 NEWS = ("v10", "news", "recall@5", "v7")
 DOCS = ("v11", "docs", "recall@5", "v7")
