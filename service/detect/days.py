@@ -1,5 +1,6 @@
-"""The baseline of a deploy with days of history: the previous version over the same
-hours of up to ``baseline_days`` previous days, with day-to-day variation counted.
+"""The baseline of a deploy with days of history, and of drift: the previous version
+(drift: the slice itself) over the same hours of up to ``baseline_days`` previous days,
+with day-to-day variation counted.
 
 One previous day as baseline is as noisy as the new version's own hours: the difference
 of means has twice the variance of either side. Pooling ``D`` days shrinks the

@@ -28,7 +28,7 @@ class ComparisonKind(StrEnum):
     ``deploy``: a new version against the previous one's past (the previous version no
     longer serves). ``canary``: a new version against the previous one over the same
     span while both serve. ``drift``: a version against itself at the same hours of the
-    day before.
+    days before.
     """
 
     DEPLOY = "deploy"
@@ -200,7 +200,8 @@ class DetectorConfig:
 
 
 DRIFT_LABEL = "previous_day"
-"""The ``baseline`` label of drift comparisons."""
+"""The ``baseline`` label of drift comparisons (kept since the baseline became up to
+``baseline_days`` previous days, so that alerts and dashboards keep their series)."""
 POOLED_SEGMENT = "*"
 """The ``segment`` label of a deploy or canary comparison pooled over every segment the
 new version was deployed to (a deploy to one segment has none)."""

@@ -56,7 +56,7 @@ def regression_series(state: ServiceState) -> list[Metric]:
         "retrieval_regression_info",
         "1 for the test behind each regression series: kind deploy (against the previous "
         "version's past), canary (against it over the same span), drift (against the "
-        "same hours the day before) or label_shift (one label source's share fell while "
+        "same hours of the days before) or label_shift (one label source's share fell while "
         f"the others held: a change of the labels, not of retrieval). {GLOBAL}",
         labels=[*labels, "kind"],
     )

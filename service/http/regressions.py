@@ -66,7 +66,7 @@ class RegressionView(BaseModel):
     kind: str
     """The test: ``deploy`` (against the previous version's past), ``canary`` (against the
     previous version over the same span, while both serve), ``drift`` (against the same
-    hours of the day before) or ``label_shift`` (one label source's share, metric
+    hours of the days before) or ``label_shift`` (one label source's share, metric
     ``source_labelled_share:<source>``, fell while the others held: the labels changed, not
     retrieval). A ``labelled_share`` metric: fewer queries got any label."""
     opened_at: str
