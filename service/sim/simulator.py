@@ -32,6 +32,7 @@ from typing import Literal, Protocol
 from service.errors import ConfigError
 from service.sim.audit import JudgeModel, audit_events
 from service.sim.clicks import ClickModel, check_rate, simulate_feedback
+from service.sim.profiles import HYBRID_V7, HYBRID_V8, RetrieverProfile
 from service.sim.shape import TrafficShape
 from service.times import HOUR_MS, rfc3339_millis
 
@@ -41,37 +42,21 @@ CHUNKS_PER_DOC = 8
 _RELEVANT_COUNT_WEIGHTS = (0.4, 0.3, 0.2, 0.1)  # 1, 2, 3 or 4 relevant chunks
 _GRADE_WEIGHTS = (0.3, 0.4, 0.3)  # grades 1, 2, 3
 Topic = Literal["queries", "feedback"]
-
-
-@dataclass(frozen=True, slots=True)
-class RetrieverProfile:
-    """How well one retriever version finds relevant chunks, and how high it ranks them."""
-
-    name: str
-    """The version label emitted as ``retriever``."""
-    find_rate: float = 0.85
-    """Probability that a relevant chunk appears anywhere in the results."""
-    rank_decay: float = 0.5
-    """Ratio of a truncated geometric rank distribution; 0 puts found chunks at rank 1."""
-    empty_rate: float = 0.0
-    """Share of queries for which the retriever returns nothing."""
-    feedback_delay: float = 1.0
-    """Multiplies the delay of every feedback event of its queries (its users act later
-    or sooner, however good its results)."""
-
-    def __post_init__(self) -> None:
-        if not 1 <= len(self.name) <= 100:
-            raise ConfigError(f"retriever name must have 1..100 characters, got {self.name!r}")
-        for name in ("find_rate", "empty_rate"):
-            check_rate(name, getattr(self, name))
-        if not 0.0 <= self.rank_decay < 1.0:
-            raise ConfigError(f"rank_decay must be in [0, 1), got {self.rank_decay!r}")
-        if not self.feedback_delay > 0:
-            raise ConfigError(f"feedback_delay must be positive, got {self.feedback_delay!r}")
-
-
-HYBRID_V7 = RetrieverProfile("hybrid-v7", find_rate=0.85, rank_decay=0.5, empty_rate=0.002)
-HYBRID_V8 = RetrieverProfile("hybrid-v8", find_rate=0.87, rank_decay=0.45, empty_rate=0.002)
+__all__ = [  # (the profiles live in service.sim.profiles and are read from here too)
+    "CHUNKS_PER_DOC",
+    "DEFAULT_START_MS",
+    "HYBRID_V7",
+    "HYBRID_V8",
+    "RetrieverProfile",
+    "SimEvent",
+    "SimQuery",
+    "SimulationConfig",
+    "Topic",
+    "encode",
+    "generate",
+    "simulate_queries",
+    "write_jsonl",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +107,9 @@ class SimulationConfig:
     """The deploy time: queries at or after it use ``after``. None: half-way through the run."""
     quality_drop: float = 0.0
     """Subtracted from ``after.find_rate`` (0.05 = 5 points): a bad deploy in one number."""
+    drop_segments: tuple[str, ...] = ()
+    """The segments where ``quality_drop`` applies (none named: all of them): a version
+    worse for some users only."""
     abandon_rate: float = 0.25
     clicks: ClickModel = field(default_factory=ClickModel)
     citation_rate: float = 0.7
@@ -173,6 +161,9 @@ class SimulationConfig:
         if self.after is None and (self.switch_at_ms is not None or self.quality_drop):
             raise ConfigError("switch_at_ms and quality_drop need an 'after' retriever profile")
         check_rate("quality_drop", self.quality_drop)
+        unknown = set(self.drop_segments) - {name for name, _ in self.segments}
+        if unknown:
+            raise ConfigError(f"drop_segments {sorted(unknown)} are not among the segments")
         check_rate("audit_rate", self.audit_rate)
         names = [judge.name for judge in self.judges]
         if len(set(names)) != len(names):
@@ -194,9 +185,12 @@ class SimulationConfig:
             else self.switch_at_ms
         )
 
-    def profile_at(self, timestamp_ms: int, draw: float = 0.0) -> RetrieverProfile:
-        """The effective profile serving a query at this time (the quality drop applied;
-        with a shape, ``draw`` in [0, 1) decides a canary's share)."""
+    def profile_at(
+        self, timestamp_ms: int, draw: float = 0.0, segment: str | None = None
+    ) -> RetrieverProfile:
+        """The effective profile serving a query at this time in this segment (the quality
+        drop applied where it applies; with a shape, ``draw`` in [0, 1) decides a
+        canary's share)."""
         deploy_ms, shape = self.deploy_ms, self.shape
         new = self.after is not None and deploy_ms is not None and timestamp_ms >= deploy_ms
         if new and shape is not None and deploy_ms is not None:
@@ -204,7 +198,8 @@ class SimulationConfig:
         if not new or self.after is None:
             profile, shift = self.before, 0.0
         else:
-            profile, shift = self.after, -self.quality_drop
+            dropped = not self.drop_segments or segment in self.drop_segments
+            profile, shift = self.after, -self.quality_drop if dropped else 0.0
         if shape is not None:
             shift += shape.find_rate_shift(timestamp_ms)
         if shift == 0.0:
@@ -273,8 +268,8 @@ class _Simulator:
         c, rng = self.config, self.rng
         query_id = f"{self.prefix}{number}"
         draw = rng.random() if c.shape is not None and c.shape.shapes_traffic else 0.0
-        profile = c.profile_at(timestamp_ms, draw)
         segment = rng.choices(self.segment_names, self.segment_weights)[0]
+        profile = c.profile_at(timestamp_ms, draw, segment)  # (draws nothing)
         n_relevant = rng.choices((1, 2, 3, 4), _RELEVANT_COUNT_WEIGHTS)[0]
         relevant: dict[str, int] = {}
         while len(relevant) < n_relevant:

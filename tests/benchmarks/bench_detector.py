@@ -22,7 +22,10 @@ between 00:00 and 16:00 (night and day alike), whose kind sets the run:
 * ``later feedback`` (not in the default kinds): a new version exactly as good as the
   old one whose users act twice as late (every click, citation and judgment of its
   queries comes after twice the delay: up to 10 minutes, some of it after the 5-minute
-  label age the detector compares): anything it opens is a false alarm.
+  label age the detector compares): anything it opens is a false alarm;
+* ``segment drop`` (not in the default kinds): a version 5 points worse in ``docs`` (30%
+  of the traffic) only, as good elsewhere: pooled over the segments the drop is 1.5
+  points, below ``REGRESSION_MIN_EFFECT``, so only the segment's own test can find it.
 
 In the drop runs every relevant chunk the retriever missed is still surfaced later
 (cited through another route or judged), so a find-rate drop lowers the measured
@@ -141,10 +144,13 @@ def simulation(
     shape = TrafficShape(volume_amplitude=0.5, quality_amplitude=0.04, peak_hour=15)
     after = replace(HYBRID_V7, name=NEW)
     drop, cited = 0.0, 1.0
+    only: tuple[str, ...] = ()
     if kind == "no-change canary":
         shape = replace(shape, canary_share=0.2, promote_at_ms=event + 3 * HOUR_MS)
     elif kind == "drop":
         drop = 0.05
+    elif kind == "segment drop":
+        drop, only = 0.05, ("docs",)
     elif kind.startswith("canary"):
         drop = 0.05
         shape = replace(shape, canary_share=0.2 if kind == "canary 20%" else 0.1)
@@ -172,6 +178,7 @@ def simulation(
         after=None if unchanged else after,
         switch_at_ms=None if unchanged else event,
         quality_drop=drop,
+        drop_segments=only,
         unretrieved_citation_rate=cited,
         shape=shape,
         id_prefix=f"b{seed}-",
@@ -262,6 +269,7 @@ def run_one(
                         d * 60_000,
                         m * 60_000,
                         metric,
+                        sim.drop_segments[0] if sim.drop_segments else None,
                     )
     return RunResult(
         kind=kind,

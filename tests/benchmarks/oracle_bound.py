@@ -58,9 +58,13 @@ def oracle_z(
     delay_ms: int,
     maturity_ms: int,
     metric: str,
+    segment: str | None = None,
 ) -> tuple[float, float] | None:
     """The (day, known) z statistics of candidate minus baseline (negative: worse) at
-    ``delay_ms`` after the event, pooled over segments; None without data."""
+    ``delay_ms`` after the event, pooled over segments (or in ``segment`` alone, where a
+    drop is known to be); None without data."""
+    if segment is not None:
+        windows = [w for w in windows if w.segment == segment]
     end = event_ms + delay_ms - maturity_ms
     start = event_ms - event_ms % 300_000
     cand = [

@@ -159,6 +159,24 @@ def test_quality_drop_lowers_the_profile_after_the_switch_only() -> None:
     assert middle == DEFAULT_START_MS + 3 * HOUR_MS
 
 
+def test_a_drop_in_some_segments_lowers_the_profile_there_only() -> None:
+    config = dataclasses.replace(HOUR, quality_drop=0.2, drop_segments=("docs",))
+    assert config.profile_at(SWITCH_MS, segment="docs").find_rate == pytest.approx(0.67)
+    assert config.profile_at(SWITCH_MS, segment="billing") == HYBRID_V8
+    assert config.profile_at(SWITCH_MS - 1, segment="docs") == HYBRID_V7
+    # in the events: the share of relevant chunks retrieved, by segment, after the switch
+    run = dataclasses.replace(config, duration_ms=3 * HOUR_MS, seed=11)
+    found: dict[bool, list[int]] = {True: [0, 0], False: [0, 0]}
+    for q in simulate_queries(run):
+        if q.timestamp_ms >= SWITCH_MS and q.results:
+            tally = found[q.segment == "docs"]
+            tally[0] += sum(1 for chunk in q.relevant if chunk in q.results)
+            tally[1] += len(q.relevant)
+    docs, others = (found[k][0] / found[k][1] for k in (True, False))
+    assert docs == pytest.approx(0.67, abs=0.02)
+    assert others == pytest.approx(0.87, abs=0.02)
+
+
 def test_clicks_are_position_biased(events: list[SimEvent]) -> None:
     queries = sum(1 for e in events if e.topic == "queries" and e.event["results"])
     ranks: dict[str, dict[str, int]] = {}
@@ -341,6 +359,7 @@ def test_id_prefix_keeps_runs_apart() -> None:
     [
         ({"switch_at_ms": SWITCH_MS}, "after"),
         ({"quality_drop": 0.1}, "after"),
+        ({"after": HYBRID_V8, "drop_segments": ("nowhere",)}, "drop_segments"),
         ({"abandon_rate": 1.5}, "abandon_rate"),
         ({"queries_per_hour": 0.0}, "queries_per_hour"),
         ({"segments": ()}, "segments"),
