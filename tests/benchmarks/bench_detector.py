@@ -486,16 +486,19 @@ def print_later_kinds(results: list[RunResult], kinds: list[str]) -> None:
     if not kinds:
         return
     print()
-    print("| no change, labels later | runs with an alarm | alarms (metric: count) |")
+    print("| no change, labels later | runs with an alarm after the event | alarms before it |")
     print("|---|---|---|")
     for kind in kinds:
         runs = [r for r in results if r.kind == kind]
-        alarms = [a for r in runs for a in r.detector]
-        by_metric: dict[str, int] = {}
-        for _, _, metric, _, _ in alarms:
-            by_metric[metric] = by_metric.get(metric, 0) + 1
-        hit = sum(1 for r in runs if r.detector)
-        print(f"| {kind} | {hit}/{len(runs)} | {len(alarms)} {by_metric or ''} |")
+        after = [
+            f"{retriever} {segment} {metric} {test} +{(at - r.event_ms) // 60_000} min"
+            for r in runs
+            for retriever, segment, metric, at, test in r.detector
+            if at >= r.event_ms
+        ]
+        hit = sum(1 for r in runs if any(at >= r.event_ms for *_, at, _ in r.detector))
+        before = sum(1 for r in runs for *_, at, _ in r.detector if at < r.event_ms)
+        print(f"| {kind} | {hit}/{len(runs)} {'; '.join(after)} | {before} |")
 
 
 ORACLE_ALPHA = 1 / 30
