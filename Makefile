@@ -71,7 +71,7 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 bench-audit: $(STAMP) ## the audited estimates on simulated traffic: coverage, error and width against the truth (SEEDS, default 40; 11 CPU minutes, about 6 on 2 idle cores)
 	$(BIN)/python tests/benchmarks/bench_audit_estimates.py --seeds $${SEEDS:-40}
 
-bench-detector-week: $(STAMP) ## the regression detector with a week of history before each event (REGRESSION_BASELINE_DAYS at its default 7): 120 runs of 8 days, about 75 minutes on 2 cores
+bench-detector-week: $(STAMP) ## the regression detector with a week of history before each event (REGRESSION_BASELINE_DAYS at its default 7): 120 runs of 8 days, about 80 minutes on 2 cores (4,756 s on 2026-12-07)
 	$(BIN)/python tests/benchmarks/bench_detector.py --history-days 7 --runs 20 --null-runs 20 --kinds "drop,canary 20%,find rate only,later feedback,slow drift"
 
 monitoring-tools: ## install Prometheus, promtool and Alertmanager from Debian's packages if missing (needs root)
