@@ -79,7 +79,7 @@ def deploy_comparison(
     if deploy.days and previous is not None:
         # the previous version over the same hours of earlier days: a daily cycle of
         # traffic and quality cancels (the full day before would not match the hours)
-        base: Sums = same_hours(previous, deploy.at_ms, end, cfg.baseline_days)
+        base: Sums = same_hours(previous, deploy.at_ms, end, deploy.days)  # (decided once)
     else:  # less than a day of its history: a trend across the switch
         if end - deploy.at_ms > cfg.no_history_watch_ms:
             return WhyNot.WATCH_ENDED  # (past it the cycle's curvature would bias it)
