@@ -1,15 +1,27 @@
 """How the detector spends its false-alarm budget: ``alpha`` per deploy, ``drift_budget``
 per 30 days (the guarantee of :mod:`service.detect.detector` rests on these shares).
 
-**Deploys.** A version that appears in a segment is one deploy; its false-alarm rate is
-``alpha``. Half of it goes to the segment's own comparison and half to the comparison
-pooled over every segment the version replaced the previous one in (segment ``*``; a
-deploy to one segment leaves that half unspent). When the version served beside the
-previous one first (a canary), each of those comparisons has two phases, canary then
-deploy, and each phase gets half of the comparison's share. A union bound then keeps
-every deploy's total at most ``alpha``: a deploy to ``k`` segments that changes nothing
-opens a regression with probability at most ``(k + 1) * alpha / 2`` over all its
-comparisons.
+**Deploys.** A version that appears in segments where it replaces one previous version
+is one deploy; the probability that a deploy which changes nothing ever opens a
+regression, in any of its comparisons, during its whole watch, is at most ``alpha``:
+
+* the **primary** test, the one that pages, gets ``PRIMARY_SHARE`` (three quarters): the
+  version's comparison pooled over every segment it replaced the previous one in
+  (segment ``*``, stratified). While only one of the version's segments has values
+  enough to be tested, the pooled comparison would have that one stratum and be that
+  segment's own comparison: the segment's test then carries the primary share besides
+  its own (the same e-value passing the larger of two levels), until the pooled test
+  first looks (a second segment has values; from then on the pooled test has it);
+* the **diagnosis** tests, each segment's own, share the rest evenly over the segments
+  the previous version served in the hour before the deploy (``Deploy.segments``): they
+  say where a drop is, and find a drop confined to one segment that pooling dilutes.
+
+When the version served beside the previous one first (a canary), each comparison has
+two phases, canary then deploy: the canary phase gets ``CANARY_SHARE`` (two thirds) of
+the comparison's share, since a canary's small traffic needs it most and a canary that
+is never promoted has no other, and the deploy phase after it the rest. A union bound
+over these shares keeps each deploy's total at most ``alpha`` (a previous version that
+served more segments after the deploy began than before it could spend a little more).
 
 **Drift.** ``drift_budget`` expected false alarms per 30 days for the whole deployment is
 spent in periods of ``drift_period_ms``, each with its share of the budget, split
@@ -27,21 +39,37 @@ from service.detect.history import SliceHistory
 from service.stream.windows import SliceKey
 from service.times import DAY_MS
 
-DEPLOY_COMPARISONS = 2
-"""A deploy's alpha is split over this many comparisons: the segment's own and the
-pooled one (whether or not the pooled one runs)."""
-CANARY_PHASES = 2
-"""A comparison whose version had a canary phase splits its share over the canary phase
-and the deploy phase that follows it."""
+PRIMARY_SHARE = 0.75
+"""A deploy's share of ``alpha`` for its primary test, pooled over its segments; the
+rest goes to the segments' own tests."""
+CANARY_SHARE = 2 / 3
+"""A comparison whose version had a canary phase: the canary phase's part of the
+comparison's share (the deploy phase after it has the rest)."""
 DRIFT_BUDGET_SPAN_MS = 30 * DAY_MS
 """``drift_budget`` is the expected number of false drift alarms over this span."""
 
 
-def phase_alpha(alpha: float, canary_phase: bool) -> float:
-    """The family alpha of one phase of a deploy's comparison (the segment's own or the
-    pooled one): ``alpha / 2``, or ``alpha / 4`` per phase once the version had a canary
-    phase (the canary phase itself, and the deploy phase after it)."""
-    return alpha / (DEPLOY_COMPARISONS * CANARY_PHASES if canary_phase else DEPLOY_COMPARISONS)
+def phase_share(canary_phase: bool, was_canary: bool) -> float:
+    """The part of a comparison's share one phase spends: ``CANARY_SHARE`` in a canary
+    phase, the rest in the deploy phase after one, all of it in a deploy without one."""
+    if canary_phase:
+        return CANARY_SHARE
+    return 1.0 - CANARY_SHARE if was_canary else 1.0
+
+
+def primary_alpha(alpha: float, canary_phase: bool, was_canary: bool) -> float:
+    """The family alpha of one phase of a deploy's primary test (pooled over segments)."""
+    return alpha * PRIMARY_SHARE * phase_share(canary_phase, was_canary)
+
+
+def segment_alpha(
+    alpha: float, canary_phase: bool, was_canary: bool, segments: int, alone: bool
+) -> float:
+    """The family alpha of one phase of a segment's own deploy test: its part of the
+    diagnosis share over ``segments``, plus the primary share while the segment is the
+    version's only one (``alone``: the pooled test has one stratum, this one)."""
+    share = (1.0 - PRIMARY_SHARE) / max(1, segments) + (PRIMARY_SHARE if alone else 0.0)
+    return alpha * share * phase_share(canary_phase, was_canary)
 
 
 def drift_alpha(drift_budget: float, drift_period_ms: int) -> float:

@@ -1,19 +1,30 @@
 """Which version a new one replaces: the deploy of a slice, decided once its first window
-is closed (:meth:`service.detect.detector.Detector._deploy`); and what the new version is
-compared with at a boundary (:func:`deploy_comparison`)."""
+is closed (:meth:`service.detect.detector.Detector._deploy`); what the new version is
+compared with at a boundary (:func:`deploy_comparison`); and the looks of a deploy's
+comparisons, its segments' own and the primary one pooled over them
+(:func:`deploy_plans`)."""
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping
 
-from service.detect.budget import phase_alpha
+from service.detect.budget import primary_alpha, segment_alpha
 from service.detect.days import same_hours, whole_days
 from service.detect.history import SliceHistory
-from service.detect.model import ComparisonKind, Deploy, DetectorConfig, Family, Sums
-from service.detect.plans import Comparison
-from service.detect.status import WhyNot
+from service.detect.model import (
+    POOLED_SEGMENT,
+    ComparisonKind,
+    Deploy,
+    DetectorConfig,
+    Family,
+    Plan,
+    Sums,
+)
+from service.detect.plans import Comparison, pooled_plans, slice_plans
+from service.detect.status import ComparisonBook, WhyNot
 from service.detect.trend import trend_baseline, window_rows
+from service.metrics.ir import MetricKey
 from service.stream.windows import SliceKey
 
 CANARY, DEPLOY = ComparisonKind.CANARY, ComparisonKind.DEPLOY
@@ -24,7 +35,9 @@ def find_previous(
 ) -> Deploy | None:
     """The deploy of ``key``'s version, first seen at ``at``: the version of its segment
     with most labelled queries in the ``candidate_ms`` before it (None: no such version,
-    or a version seen within the first hour of any history, a start, not a deploy)."""
+    or a version seen within the first hour of any history, a start, not a deploy), and
+    how many segments that version served labelled queries in then (its diagnosis tests
+    share their part of the budget over them: :mod:`service.detect.budget`)."""
     best: tuple[int, str] | None = None
     history_from = None
     for (retriever, segment), other in series.items():
@@ -41,7 +54,12 @@ def find_previous(
     if best is None or history_from is None or history_from > at - cfg.candidate_ms:
         return None
     days = whole_days(series[best[1], key[1]].first_start_ms, at, cfg.baseline_days)
-    return Deploy(best[1], at, days)
+    served = sum(
+        1
+        for (retriever, _), other in series.items()
+        if retriever == best[1] and max(other.total(at - cfg.candidate_ms, at)[0::3], default=0)
+    )
+    return Deploy(best[1], at, days, max(1, served))
 
 
 def deploy_comparison(
@@ -74,8 +92,8 @@ def deploy_comparison(
     was_canary = key in canaried
     if serving:
         canaried.add(key)
-        family = Family(CANARY, deploy.previous, phase_alpha(cfg.alpha, True), 1, deploy.at_ms)
-        return family, since, candidate
+        alpha = segment_alpha(cfg.alpha, True, True, deploy.segments, alone=False)
+        return Family(CANARY, deploy.previous, alpha, 1, deploy.at_ms), since, candidate
     if deploy.days and previous is not None:
         # the previous version over the same hours of earlier days: a daily cycle of
         # traffic and quality cancels (the full day before would not match the hours)
@@ -90,5 +108,86 @@ def deploy_comparison(
         before = window_rows(previous, deploy.at_ms - span, end, deploy.at_ms)
         after = window_rows(series, deploy.at_ms, end, deploy.at_ms)
         base = trend_baseline(before, after, series.width // 3, cfg.window_ms)
-    family = Family(DEPLOY, deploy.previous, phase_alpha(cfg.alpha, was_canary), 1, deploy.at_ms)
-    return family, base, candidate
+    alpha = segment_alpha(cfg.alpha, False, was_canary, deploy.segments, alone=False)
+    return Family(DEPLOY, deploy.previous, alpha, 1, deploy.at_ms), base, candidate
+
+
+Group = tuple[str, str]
+"""A deploy: (new version, previous version)."""
+
+
+def deploy_plans(
+    cfg: DetectorConfig,
+    groups: Mapping[Group, list[tuple[SliceKey, Comparison]]],
+    *,
+    deploys: Mapping[SliceKey, Deploy | None],
+    canaried: set[SliceKey],
+    pooled: set[Group],
+    book: ComparisonBook,
+    watched: tuple[MetricKey, ...],
+) -> list[Plan]:
+    """The looks of every deploy compared at a boundary: the primary test pooled over its
+    segments (once two have values), then each segment's own. A deploy whose pooled test
+    looked joins ``pooled``; until then, the only segment with values enough to be tested
+    is the pooled test's one stratum and carries the primary share
+    (:mod:`service.detect.budget`)."""
+    planned: list[Plan] = []
+    for group, members in groups.items():
+        if len(members) > 1:
+            comparisons = [c for _, c in members]
+            looks = _pooled_plans(
+                cfg,
+                group,
+                comparisons,
+                deploys=deploys,
+                canaried=canaried,
+                book=book,
+                watched=watched,
+            )
+            if looks:
+                pooled.add(group)
+            planned += looks
+        looked = {key: slice_plans(key, c, watched, cfg.min_labelled) for key, c in members}
+        tested = [key for key, plans in looked.items() if plans]
+        for key, (family, base, candidate) in members:
+            if group not in pooled and tested == [key]:  # the pooled test's one stratum
+                deploy = deploys[key]
+                assert deploy is not None  # (compared: decided)
+                canary = family.kind == CANARY
+                was = canary or key in canaried
+                alpha = segment_alpha(cfg.alpha, canary, was, deploy.segments, alone=True)
+                family = family._replace(alpha=alpha)  # noqa: PLW2901
+                looked[key] = slice_plans(key, (family, base, candidate), watched, cfg.min_labelled)
+            book.compared(key, family, base, candidate)
+            planned += looked[key]
+    return planned
+
+
+def _pooled_plans(
+    cfg: DetectorConfig,
+    group: Group,
+    members: list[Comparison],
+    *,
+    deploys: Mapping[SliceKey, Deploy | None],
+    canaried: set[SliceKey],
+    book: ComparisonBook,
+    watched: tuple[MetricKey, ...],
+) -> list[Plan]:
+    """The deploy of a version over every segment it replaced the previous one in, as one
+    stratified test per metric (segment ``*``): the deploy's primary test, with the
+    primary share of its ``alpha`` per phase (:mod:`service.detect.budget`)."""
+    retriever, previous = group
+    canary = any(family.kind == CANARY for family, _, _ in members)
+    if canary:
+        canaried.add((retriever, POOLED_SEGMENT))
+    alpha = primary_alpha(cfg.alpha, canary, (retriever, POOLED_SEGMENT) in canaried)
+    start = min(
+        d.at_ms
+        for (r, _), d in deploys.items()
+        if r == retriever and d is not None and d.previous == previous
+    )
+    family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
+    base = [sum(col) for col in zip(*(b for _, b, _ in members), strict=True)]
+    candidate = [sum(col) for col in zip(*(c for _, _, c in members), strict=True)]
+    book.compared((retriever, POOLED_SEGMENT), family, base, candidate)
+    return pooled_plans(retriever, family, members, watched, cfg.min_labelled)

@@ -32,12 +32,14 @@ Metrics: the configured ones plus the labelled share (queries with a relevant la
   since its curvature biases the line more the longer it runs). Both sides end at the
   new version's last closed window; a version that served nothing for ``candidate_ms``
   (rolled back) is no longer tested.
-  A promoted canary keeps one comparison (one key), each phase with half of its alpha
-  (:mod:`service.detect.budget`).
+  A promoted canary keeps one comparison (one key): two thirds of its alpha in the
+  canary phase, the rest after (:mod:`service.detect.budget`).
 * **pooled deploy**: a version deployed to several segments is also tested once over all
   of them (segment ``*``), a stratified difference (each segment's difference weighted
   by its share of the new version's values) with twice or more the evidence of any one
-  segment, with its own share of the deploy's ``alpha`` (:mod:`service.detect.budget`).
+  segment: the deploy's primary test, with three quarters of its ``alpha``; the
+  segments' own tests share the rest, and a version's only segment carries the primary
+  share itself until a second one is compared (:mod:`service.detect.budget`).
 * **drift**: outside deploys, a false-alarm budget for the whole deployment
   (``drift_budget`` per 30 days) is spent in epoch-aligned periods of
   ``drift_period_ms``: in each, a slice's windows since the period start are compared
@@ -63,9 +65,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from service.detect.budget import drift_family, phase_alpha
+from service.detect.budget import drift_family
 from service.detect.days import same_hours
-from service.detect.deploys import deploy_comparison, find_previous
+from service.detect.deploys import deploy_comparison, deploy_plans, find_previous
 from service.detect.history import SliceHistory, window_row
 from service.detect.label_shift import LabelShifts
 from service.detect.ledger import Decisions, Ledger, Recorder
@@ -73,7 +75,6 @@ from service.detect.lifecycle import Lifecycle
 from service.detect.model import (
     DRIFT_LABEL,
     LABELLED_SHARE,
-    POOLED_SEGMENT,
     BoundaryTest,
     ComparisonKind,
     Deploy,
@@ -83,7 +84,7 @@ from service.detect.model import (
     Regression,
     RegressionKey,
 )
-from service.detect.plans import Comparison, RunKey, look, pooled_plans, run_key, slice_plans
+from service.detect.plans import Comparison, RunKey, look, run_key, slice_plans
 from service.detect.status import ComparisonBook, WhyNot
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow, SliceKey
@@ -116,6 +117,9 @@ class Detector:
     _deploys: dict[SliceKey, Deploy | None] = field(default_factory=dict)
     _canaried: set[SliceKey] = field(default_factory=set)
     """New versions that served beside their previous one (a canary phase)."""
+    _pooled: set[tuple[str, str]] = field(default_factory=set)
+    """Deploys (version, previous version) whose pooled test has looked: none of their
+    segments' own tests carries the primary share any more."""
     _spent: set[RunKey] = field(default_factory=set)
     """Runs whose regression closed: a run's evidence includes the bad hours, so it never
     opens again (a new run, the next drift period or deploy, may)."""
@@ -269,7 +273,7 @@ class Detector:
         planned: list[Plan] = []
         period = cfg.drift_period_start(boundary)
         drift_family = self._drift_family(period)
-        pooled: dict[tuple[str, str], list[Comparison]] = {}
+        groups: dict[tuple[str, str], list[tuple[SliceKey, Comparison]]] = {}
         book = self.comparisons
         for key, series in self._series.items():
             deploy = self._deploy(key, series, boundary)
@@ -285,9 +289,7 @@ class Detector:
                 if isinstance(comparison, WhyNot):
                     book.stopped(key, book.kind_of(key), deploy.previous, comparison)
                 else:
-                    book.compared(key, *comparison)
-                    planned += slice_plans(key, comparison, self._watched, cfg.min_labelled)
-                    pooled.setdefault((key[0], deploy.previous), []).append(comparison)
+                    groups.setdefault((key[0], deploy.previous), []).append((key, comparison))
             if key in drift_family:
                 base = same_hours(series, period, boundary, cfg.baseline_days)
                 candidate = series.total(period, boundary)
@@ -300,29 +302,16 @@ class Detector:
                 young = series.first_start_ms is None or series.first_start_ms > period - DAY_MS
                 why = WhyNot.NO_BASELINE if young else WhyNot.TOO_FEW_VALUES
                 book.stopped(key, DRIFT, DRIFT_LABEL, why)
-        for (retriever, previous), group in pooled.items():
-            if len(group) > 1:
-                planned += self._pooled_plans(retriever, previous, group)
-        return planned
-
-    def _pooled_plans(self, retriever: str, previous: str, group: list[Comparison]) -> list[Plan]:
-        """The deploy of ``retriever`` over every segment it replaced ``previous`` in, as
-        one stratified test per metric (segment ``*``): its own ``alpha / 2``, halved
-        per phase like a segment's once any segment had a canary."""
-        canary = any(family.kind == CANARY for family, _, _ in group)
-        if canary:
-            self._canaried.add((retriever, POOLED_SEGMENT))
-        alpha = phase_alpha(self.config.alpha, (retriever, POOLED_SEGMENT) in self._canaried)
-        start = min(
-            d.at_ms
-            for (r, _), d in self._deploys.items()
-            if r == retriever and d is not None and d.previous == previous
+        planned += deploy_plans(
+            cfg,
+            groups,
+            deploys=self._deploys,
+            canaried=self._canaried,
+            pooled=self._pooled,
+            book=book,
+            watched=self._watched,
         )
-        family = Family(CANARY if canary else DEPLOY, previous, alpha, 1, start)
-        base = [sum(col) for col in zip(*(b for _, b, _ in group), strict=True)]
-        candidate = [sum(col) for col in zip(*(c for _, _, c in group), strict=True)]
-        self.comparisons.compared((retriever, POOLED_SEGMENT), family, base, candidate)
-        return pooled_plans(retriever, family, group, self._watched, self.config.min_labelled)
+        return planned
 
     def _look(self, plans: list[Plan]) -> list[BoundaryTest]:
         cfg, caps = self.config, self._shifts.caps
@@ -375,6 +364,7 @@ class Detector:
                 self._canaried.discard(key)
         deployed = {retriever for retriever, _ in self._deploys}
         self._canaried = {k for k in self._canaried if k[0] in deployed}
+        self._pooled = {k for k in self._pooled if k[0] in deployed}
         self._running = {k: p for k, p in self._running.items() if self._live(k, boundary)}
         self._spent = {k for k in self._spent if self._live(k, boundary)}
         self._last_log_e = {k: e for k, e in self._last_log_e.items() if self._live(k, boundary)}

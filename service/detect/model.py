@@ -109,10 +109,10 @@ class DetectorConfig:
     min_effect: float = 0.02
     """The smallest drop (absolute, in metric units) worth a regression."""
     alpha: float = 0.01
-    """Per deploy of a version, half to each segment's comparison and half to the one
-    pooled over its segments: each half is the probability that a deploy which changes
-    nothing ever opens a regression in that comparison during its whole watch (all
-    metrics together); how it is split: :mod:`service.detect.budget`."""
+    """Per deploy of a version: the probability that a deploy which changes nothing ever
+    opens a regression, in any of its comparisons and metrics, during its whole watch;
+    three quarters to the primary test pooled over its segments, the rest to the
+    segments' own (:mod:`service.detect.budget`)."""
     tau: float = 0.05
     """Scale of the mixture over effects: drops near it are found fastest."""
     drift_budget: float = 0.5
@@ -349,6 +349,9 @@ class Deploy:
     """The whole days before the switch the previous version had served, at most
     ``baseline_days``: the deploy comparison uses its same hours on each of them
     (:mod:`service.detect.days`); none, a line across the switch."""
+    segments: int = 1
+    """The segments the previous version served labelled queries in during the hour
+    before the switch: the deploy's diagnosis tests share their budget over them."""
 
 
 class Family(NamedTuple):

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from service.detect.budget import DRIFT_BUDGET_SPAN_MS, drift_alpha, phase_alpha, slice_level
+from service.detect.budget import (
+    DRIFT_BUDGET_SPAN_MS,
+    drift_alpha,
+    primary_alpha,
+    segment_alpha,
+    slice_level,
+)
 from service.detect.detector import Detector
 from service.detect.model import POOLED_SEGMENT, DetectorConfig
 from service.stream.windows import ClosedWindow
@@ -51,30 +57,40 @@ def _spent(windows: list[ClosedWindow], config: DetectorConfig) -> dict[str, dic
 
 @pytest.mark.parametrize("canary", [False, True])
 @pytest.mark.parametrize("segments", [1, 2, 3])
-def test_a_deploys_shares_never_sum_above_alpha(segments: int, canary: bool) -> None:
-    """Each segment's deploy spends its own comparison's phases and the pooled
-    comparison's phases (shared by the version's segments): at most ``alpha`` in all."""
+def test_a_deploy_spends_alpha_in_all_and_no_more(segments: int, canary: bool) -> None:
+    """A deploy's comparisons, each phase at the largest family alpha the detector
+    tested it with: the segments' own tests and the pooled primary one sum to ``alpha``
+    (not ``(k + 1) alpha / 2`` as when each had half), whatever the number of segments;
+    a deploy to one segment spends it all on that segment's test."""
     spent = _spent(_deploy(segments, canary), CONFIG)
     names = {f"seg{i}" for i in range(segments)}
     assert set(spent) == names | ({POOLED_SEGMENT} if segments > 1 else set())
     expected = {"canary", "deploy"} if canary else {"deploy"}
-    pooled = spent.get(POOLED_SEGMENT, {})
     for segment in names:
         assert set(spent[segment]) == expected  # every phase was tested (and counted)
-        total = sum(spent[segment].values()) + sum(pooled.values())
-        assert total <= CONFIG.alpha * ROUNDING, (segment, spent[segment], pooled)
+    total = sum(alpha for kinds in spent.values() for alpha in kinds.values())
+    assert total == pytest.approx(CONFIG.alpha, rel=1e-12)
+    if segments > 1:  # the primary test has the most
+        primary = spent[POOLED_SEGMENT]
+        assert all(primary[k] > 2 * spent["seg0"][k] for k in expected)
 
 
 @pytest.mark.parametrize("canary", [False, True])
 @pytest.mark.parametrize("segments", range(1, 9))
 def test_the_budget_module_splits_alpha_within_a_deploy(segments: int, canary: bool) -> None:
     alpha = 0.01
-    phases = 2 if canary else 1
-    own = phases * phase_alpha(alpha, canary)
-    pooled = phases * phase_alpha(alpha, canary) if segments > 1 else 0.0
-    assert own + pooled <= alpha * ROUNDING
-    # the version's whole deploy: at most (k + 1) * alpha / 2, as documented
-    assert segments * own + pooled <= (segments + 1) * alpha / 2 * ROUNDING
+    phases = [(True, True), (False, True)] if canary else [(False, False)]
+    own = sum(segment_alpha(alpha, c, w, segments, alone=False) for c, w in phases)
+    primary = sum(primary_alpha(alpha, c, w) for c, w in phases)
+    assert segments * own + primary == pytest.approx(alpha, rel=1e-12)
+    # the only segment so far carries the pooled test's share: no more than both
+    for c, w in phases:
+        alone = segment_alpha(alpha, c, w, segments, alone=True)
+        own_phase = segment_alpha(alpha, c, w, segments, alone=False)
+        assert alone == pytest.approx(own_phase + primary_alpha(alpha, c, w), rel=1e-12)
+    if canary:  # the canary phase has the larger part
+        canary_phase, after = primary_alpha(alpha, True, True), primary_alpha(alpha, False, True)
+        assert canary_phase == pytest.approx(2 * after)
 
 
 def test_drifts_shares_never_sum_above_its_budget() -> None:

@@ -123,9 +123,9 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert r.opening.delta == pytest.approx(r.opening.candidate_mean - r.opening.baseline_mean)
     assert -0.25 < r.opening.delta < -0.05
     assert r.opening.p_value < CONFIG.alpha
-    # one family per deploy in a segment, with half of alpha (the other half is for the
-    # test pooled over segments); its metrics (recall@5, the labelled share) are closed
-    assert r.opening.level == pytest.approx(CONFIG.alpha / 2)
+    # one family per deploy; a deploy to one segment spends the whole alpha there (its
+    # pooled test would be this one); its metrics (recall@5, the labelled share) are closed
+    assert r.opening.level == pytest.approx(CONFIG.alpha)
     assert r.opening.closed_e_value >= 1 / r.opening.level
     # closed over recall@5 and a labelled share that did not move: about their mean
     assert r.opening.closed_e_value <= r.opening.e_value
@@ -135,7 +135,7 @@ def test_a_bad_deploy_opens_a_regression_against_the_previous_version() -> None:
     assert set(record) >= {"retriever", "segment", "metric", "baseline", "delta", "p_value"}
     assert record["kind"] == "deploy"
     assert record["e_value"] == pytest.approx(r.opening.e_value)
-    assert record["alpha"] == CONFIG.alpha / 2
+    assert record["alpha"] == pytest.approx(CONFIG.alpha)
     assert record["opened_at"].endswith("Z")
     assert ("v8", "kb", "recall@5", "v7") in detector.open
 
@@ -329,7 +329,8 @@ def test_a_canary_is_compared_with_the_old_version_over_the_same_span() -> None:
     assert c.kind == "canary"
     assert c.n_baseline == 4 * 12 * 40  # v7 over the same four hours, nothing before
     assert c.n_candidate == 4 * 12 * 10
-    assert c.family_alpha == CONFIG.alpha / 4  # half the segment's alpha: a second phase may come
+    # two thirds of the deploy's alpha (its only segment): a deploy phase may come
+    assert c.family_alpha == pytest.approx(CONFIG.alpha * 2 / 3)
     opened = [r for r in detector.opened if r.opening.retriever == "v8"]
     assert [r.opening.kind for r in opened] == ["canary"]
 
@@ -346,7 +347,7 @@ def test_a_rollout_in_the_middle_of_a_window_is_not_a_canary() -> None:
     detector.advance(deploy + 30 * 60_000)
     c = detector.latest["v8", "kb", "recall@5", "v7"]
     assert c.kind == "deploy"
-    assert c.family_alpha == CONFIG.alpha / 2  # no canary phase: the segment keeps its alpha
+    assert c.family_alpha == pytest.approx(CONFIG.alpha)  # no canary phase: all of it
 
 
 def test_a_promoted_canary_keeps_one_comparison() -> None:
@@ -361,7 +362,7 @@ def test_a_promoted_canary_keeps_one_comparison() -> None:
     c = detector.latest[key]
     assert c.kind == "deploy"  # v7 no longer serves: against its past and its canary share
     assert c.n_baseline == 72 * 50 + 36 * 40
-    assert c.family_alpha == CONFIG.alpha / 4
+    assert c.family_alpha == pytest.approx(CONFIG.alpha / 3)  # what the canary phase left
     v8 = [r for r in detector.opened if r.opening.retriever == "v8"]
     assert len(v8) == 1  # one regression for the key, opened by the canary phase
     assert v8[0].opening.kind == "canary"
@@ -383,9 +384,11 @@ def test_a_deploy_to_several_segments_is_also_tested_pooled_over_them() -> None:
     assert (pooled.kind, pooled.baseline) == ("deploy", "v7")
     segments = [first["kb"].evidence_end_ms, first["docs"].evidence_end_ms]
     assert first[POOLED_SEGMENT].evidence_end_ms < min(segments)
-    # its own half of the deploy's alpha, closed over the watched metrics
-    assert pooled.family_alpha == CONFIG.alpha / 2
-    assert pooled.level == pytest.approx(CONFIG.alpha / 2)
+    # the primary share of the deploy's alpha, closed over the watched metrics
+    assert pooled.family_alpha == pytest.approx(CONFIG.alpha * 3 / 4)
+    assert pooled.level == pytest.approx(CONFIG.alpha * 3 / 4)
+    own = first["kb"].opening  # a diagnosis test: its part of the rest
+    assert own.family_alpha == pytest.approx(CONFIG.alpha / 4 / 2)
     # both segments' values: as many as both segments' v8 windows up to its evidence end
     n = sum(
         w.metrics["recall@5"].count
@@ -403,6 +406,42 @@ def test_a_deploy_to_one_segment_has_no_pooled_test() -> None:
     detector = run(windows)
     assert {k[1] for k in detector.latest if k[0] == "v8"} == {"kb"}
     assert [r.opening.segment for r in detector.opened] == ["kb"]
+    # its pooled test would be this one: kb's test carries the primary share (three
+    # quarters) besides its own diagnosis share (a quarter over v7's two segments)
+    assert detector.opened[0].opening.family_alpha == pytest.approx(CONFIG.alpha * 7 / 8)
+
+
+def test_a_segment_carries_the_primary_share_only_until_the_pooled_test_looks() -> None:
+    """v8 replaces v7 in kb, two hours later in docs too: kb's test has the primary share
+    while it is v8's only segment; once docs is compared too (the pooled test looks as
+    soon as docs has values enough), kb's test has its diagnosis share only and the
+    pooled test the primary share, never both at once."""
+    deploy = T0 + 30 * H
+    windows = traffic("v7", T0, 30, 0.85, 20, seed=1, segment="kb")
+    windows += traffic("v7", T0, 32, 0.85, 20, seed=2, segment="docs")
+    windows += traffic("v8", deploy, 6, 0.85, 20, seed=3, segment="kb")
+    windows += traffic("v8", deploy + 2 * H, 4, 0.85, 20, seed=4, segment="docs")
+    detector = Detector(CONFIG)
+    detector.add(windows)
+    kb: list[tuple[int, float]] = []
+    pooled: list[tuple[int, float]] = []
+    for boundary in range(deploy + W, deploy + 6 * H + W, W):
+        detector.advance(boundary)
+        for key, c in detector.latest.items():
+            if key[0] == "v8" and key[2] == "recall@5":
+                (pooled if key[1] == POOLED_SEGMENT else kb if key[1] == "kb" else []).append(
+                    (boundary, c.family_alpha)
+                )
+    assert pooled, "the pooled test looked once docs had values"
+    first_pooled = pooled[0][0]
+    assert first_pooled > deploy + 2 * H
+    switch = next(b for b, a in kb if a < CONFIG.alpha / 2)
+    assert deploy + 2 * H < switch <= first_pooled
+    before = [a for b, a in kb if b < switch]
+    after = [a for b, a in kb if b >= switch]
+    assert before == pytest.approx([CONFIG.alpha * 7 / 8] * len(before))
+    assert after == pytest.approx([CONFIG.alpha / 8] * len(after))
+    assert [a for _, a in pooled] == pytest.approx([CONFIG.alpha * 3 / 4] * len(pooled))
 
 
 def test_the_pooled_test_weighs_each_segment_by_the_candidates_mix() -> None:

@@ -131,7 +131,11 @@ def test_tests_name_why_a_comparison_does_not_run(files: dict[str, Path], tmp_pa
     )
     assert ended["n_candidate"] >= 200
     assert ended["looked_at"] is not None
-    assert ended["needed_e_value"] == pytest.approx(1 / (0.01 / 2))
+    # a diagnosis test: a quarter of alpha over the previous version's two segments;
+    # the primary test, pooled over both (tiny has a stratum's 30 values), has the rest
+    assert ended["needed_e_value"] == pytest.approx(1 / (0.01 / 8))
+    pooled = rows["hybrid-v8", "*", "recall@5", "deploy"]
+    assert pooled["needed_e_value"] == pytest.approx(1 / (0.01 * 3 / 4))
     tiny = rows["hybrid-v8", "tiny", "recall@5", "deploy"]
     assert tiny["why_not"] in ("too_few_values", "watch_ended")
     assert tiny["n_candidate"] < 200
