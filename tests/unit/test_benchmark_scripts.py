@@ -194,3 +194,36 @@ def test_bench_audit_estimates_runs_and_prints_every_row() -> None:
     assert figure(out, "overall coverage") <= 100
     assert figure(out, "overall MAE / live bias") < 1
     assert figure(out, "overall width / audit-alone width") < 1.2
+
+
+def test_bench_detector_memory_runs_and_counts_each_partitions_rows() -> None:
+    """Tiny sizes: the table prints, and a detector fed the same traffic over more
+    partitions holds more per slice-day (a row per partition and window) while the
+    merged rows it is set against do not grow."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "bench_detector_memory.py"),
+            "--days",
+            "1",
+            "--slices",
+            "2",
+            "--partitions",
+            "1,3",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    rows = [
+        line.split("|")[1:-1]
+        for line in out.splitlines()
+        if line.startswith("| 1 ") or line.startswith("| 3 ")
+    ]
+    assert [r[0].strip() for r in rows] == ["1", "3"]
+    detector = [float(r[2].split()[0]) for r in rows]
+    once = [float(r[3].split()[0]) for r in rows]
+    assert detector[1] > 1.5 * detector[0]
+    assert once[1] == pytest.approx(once[0], rel=0.05)
+    assert all(d > o for d, o in zip(detector, once, strict=True))
