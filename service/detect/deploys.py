@@ -36,7 +36,7 @@ def find_previous(
     """The deploy of ``key``'s version, first seen at ``at``: the version of its segment
     with most labelled queries in the ``candidate_ms`` before it (None: no such version,
     or a version seen within the first hour of any history, a start, not a deploy), and
-    how many segments that version served labelled queries in then (its diagnosis tests
+    how many segments that version served queries in then (its diagnosis tests
     share their part of the budget over them: :mod:`service.detect.budget`)."""
     best: tuple[int, str] | None = None
     history_from = None
@@ -57,7 +57,7 @@ def find_previous(
     served = sum(
         1
         for (retriever, _), other in series.items()
-        if retriever == best[1] and max(other.total(at - cfg.candidate_ms, at)[0::3], default=0)
+        if retriever == best[1] and other.served(at - cfg.candidate_ms, at)
     )
     return Deploy(best[1], at, days, max(1, served))
 
@@ -150,16 +150,18 @@ def deploy_plans(
         looked = {key: slice_plans(key, c, watched, cfg.min_labelled) for key, c in members}
         tested = [key for key, plans in looked.items() if plans]
         for key, (family, base, candidate) in members:
+            plans = looked[key]
             if group not in pooled and tested == [key]:  # the pooled test's one stratum
                 deploy = deploys[key]
                 assert deploy is not None  # (compared: decided)
                 canary = family.kind == CANARY
-                was = canary or key in canaried
-                alpha = segment_alpha(cfg.alpha, canary, was, deploy.segments, alone=True)
+                alpha = segment_alpha(
+                    cfg.alpha, canary, key in canaried, deploy.segments, alone=True
+                )
                 family = family._replace(alpha=alpha)  # noqa: PLW2901
-                looked[key] = slice_plans(key, (family, base, candidate), watched, cfg.min_labelled)
+                plans = [plan._replace(family=family) for plan in plans]
             book.compared(key, family, base, candidate)
-            planned += looked[key]
+            planned += plans
     return planned
 
 

@@ -350,8 +350,8 @@ class Deploy:
     ``baseline_days``: the deploy comparison uses its same hours on each of them
     (:mod:`service.detect.days`); none, a line across the switch."""
     segments: int = 1
-    """The segments the previous version served labelled queries in during the hour
-    before the switch: the deploy's diagnosis tests share their budget over them."""
+    """The segments the previous version served queries in during the hour before the
+    switch: the deploy's diagnosis tests share their budget over them."""
 
 
 class Family(NamedTuple):

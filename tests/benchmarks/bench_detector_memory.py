@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from service.detect.detector import Detector  # noqa: E402
 from service.detect.history import window_row  # noqa: E402
+from service.detect.model import DetectorConfig  # noqa: E402
 from service.metrics.aggregates import SCALE, Moments  # noqa: E402
 from service.stream.windows import ClosedWindow  # noqa: E402
 from service.times import DAY_MS  # noqa: E402
@@ -57,8 +58,8 @@ def windows(days: int, slices: int, partitions: int, seed: int = 7) -> Iterator[
     """Every closed window of the span, one batch per window start (oldest first), made
     as they are needed (as ``run`` decodes them: only what the detector keeps stays)."""
     rng = random.Random(seed)
-    metrics = Detector().config.metrics
-    step = Detector().config.window_ms
+    config = DetectorConfig()
+    metrics, step = config.metrics, config.window_ms
     for start in range(START_MS, START_MS + days * DAY_MS, step):
         batch = []
         for s in range(slices):
@@ -82,7 +83,7 @@ def windows(days: int, slices: int, partitions: int, seed: int = 7) -> Iterator[
 
 def measure(days: int, slices: int, partitions: int) -> dict[str, float]:
     """One subprocess's figures: bytes per slice-day for the detector and the baseline."""
-    config = Detector().config
+    config = DetectorConfig()
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
