@@ -102,6 +102,19 @@ def progress_of(committed: Mapping[Any, Any]) -> tuple[dict[int, int], dict[int,
     return closed, early
 
 
+def first_offsets(
+    consumer: KafkaConsumer, tps: list[TopicPartition], since_ms: int
+) -> dict[TopicPartition, int]:
+    """Where to start reading each partition: its first record from ``since_ms`` on, or,
+    with none, its end as it was *before* that lookup. Taken the other way round, a
+    transaction committed between the two requests (a replica's first windows, which
+    create the topic, and the backlog's many windows in one transaction) would be
+    skipped: no stable record from ``since_ms`` yet, then an end past them all."""
+    ends = consumer.end_offsets(tps)
+    starts = consumer.offsets_for_times(dict.fromkeys(tps, since_ms))
+    return {tp: ends[tp] if starts.get(tp) is None else starts[tp].offset for tp in tps}
+
+
 class WindowFollower:
     """Reads the windows topic and the group's progress into the state's window view."""
 
@@ -173,11 +186,8 @@ class WindowFollower:
         self.tps = tps
         if self.tps:
             self.consumer.assign(self.tps)
-            starts = self.consumer.offsets_for_times(dict.fromkeys(self.tps, self._since_ms))
-            ends = self.consumer.end_offsets(self.tps)
-            for tp in self.tps:
-                start = starts.get(tp)
-                self.consumer.seek(tp, ends[tp] if start is None else start.offset)
+            for tp, offset in first_offsets(self.consumer, self.tps, self._since_ms).items():
+                self.consumer.seek(tp, offset)
 
     def stop(self) -> None:
         """Stop reading and close the clients."""

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from service.core.monitor import MonitorConfig
+from service.detect.model import DetectorConfig
 from service.replay import replay
 from service.sim.shape import TrafficShape
 from service.sim.simulator import SimEvent, SimulationConfig, generate, write_jsonl
@@ -167,15 +168,20 @@ def lifecycle_traffic() -> tuple[list[SimEvent], SimulationConfig]:
 
 def check_the_regressions_life(agreed: dict[str, dict[str, Any]], switch_ms: int) -> None:
     """4 hours after a bad deploy with 6 hours of history, its regressions in kb are still
-    open (its comparison ran for the 2-hour watch of a deploy without a day of history);
-    those of docs closed as rolled_back an hour after the rollback, at the label age."""
+    open, each opened within the watch of a deploy without a day of history (a metric's
+    e-value may cross its level late in the watch: the events' alignment to the wall
+    clock moves the windows); those of docs closed as rolled_back an hour after the
+    rollback, at the label age."""
     every = agreed["/api/v1/regressions?state=all"]["regressions"]
     kb = [r for r in every if r["segment"] == "kb"]
     docs = [r for r in every if r["segment"] == "docs"]
     assert kb
     assert docs
     assert all(r["state"] == "open" and r["closed_at"] is None for r in kb)
-    assert all(r["opened_at"] < rfc3339(switch_ms + 2 * HOUR_MS + 30 * MINUTE_MS) for r in kb)
+    watch_ends = switch_ms + DetectorConfig().no_history_watch_ms
+    assert all(r["opened_at"] <= rfc3339(watch_ends + 5 * MINUTE_MS) for r in kb)
+    # the first metric opens within the first hour: the bad version is found early
+    assert min(r["opened_at"] for r in kb) < rfc3339(switch_ms + HOUR_MS)
     # the first boundary after an hour without v8, at the label age 5 minutes later: an hour after
     # the end of the window the rollback fell in (or its start, if no v8 query came in it)
     window = 5 * MINUTE_MS

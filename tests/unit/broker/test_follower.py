@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 import orjson
 import pytest
 from fastapi.testclient import TestClient
-from kafka.structs import OffsetAndMetadata, TopicPartition
+from kafka.structs import OffsetAndMetadata, OffsetAndTimestamp, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.broker.follower import decode_windows, progress_of
+from service.broker.follower import decode_windows, first_offsets, progress_of
 from service.core.monitor import Monitor, MonitorConfig
 from service.core.state import ServiceState
 from service.detect.model import DetectorConfig
@@ -94,3 +94,43 @@ def test_early_window_records_come_back_as_early_windows_and_the_markers_as_prog
         TopicPartition("f", 1): None,
     }
     assert progress_of(committed) == ({0: T0 + W, 1: T0 + 2 * W}, {0: T0 + 6 * W})
+
+
+class CommittingLog:
+    """A windows partition, read committed, whose producer commits its first transaction
+    of ``records`` (all from ``since``) as soon as the follower has made one request."""
+
+    def __init__(self, records: int) -> None:
+        self.records = records
+        self.committed = 0
+        self.requests = 0
+
+    def _request(self) -> None:
+        self.requests += 1
+        if self.requests == 2:  # between the follower's two requests
+            self.committed = self.records
+
+    def end_offsets(self, tps: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self._request()
+        return dict.fromkeys(tps, self.committed)
+
+    def offsets_for_times(
+        self, times: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        self._request()
+        found = OffsetAndTimestamp(0, T0, None) if self.committed else None
+        return dict.fromkeys(times, found)
+
+
+def test_a_transaction_committed_during_the_first_lookup_is_read_not_skipped() -> None:
+    """The follower's first windows partition creates the topic with a transaction of
+    40 windows; it commits between the follower's two requests. Reading from the end as
+    it was *after* a lookup that found nothing would skip all 40 (the global view then
+    had 14% of the traffic); from the end as it was before, it reads them."""
+    tp = TopicPartition("windows", 0)
+    log = CommittingLog(records=40)
+    assert first_offsets(log, [tp], T0 - W) == {tp: 0}  # type: ignore[arg-type]
+    assert log.requests >= 2
+    # a partition with nothing from `since` on, before and after: read on from its end
+    quiet = CommittingLog(records=0)
+    assert first_offsets(quiet, [tp], T0 - W) == {tp: 0}  # type: ignore[arg-type]
