@@ -1,10 +1,15 @@
 """One slice's closed windows as exact prefix sums, for the regression detector.
 
 Each window contributes a flat row ``(count, sum_fx, sum_sq_fx)`` per watched metric
-(Python ints, so sums stay exact). Rows are kept per (window start, partition):
+(Python ints, so sums stay exact), summed over partitions into one row per window start:
 
-* a window published again (publishing is at least once) replaces its identical copy
-  instead of counting twice;
+* each start remembers which partitions it holds (a bit each), so a window published
+  again (publishing is at least once, and a copy is the same record) counts once, at
+  any age;
+* a recent window's row is also kept per partition, for ``KEEP_PARTS_MS``: a copy that
+  differs there replaces the one it repeats. Older starts keep only their merged row,
+  which is what the history's days need (a partition's own row per window would cost
+  as many rows again as there are partitions: ``bench_detector_memory.py``);
 * partitions may deliver their windows in any order; prefix sums are rebuilt lazily,
   once, before the next read, so a batch costs one pass whatever its order.
 
@@ -19,9 +24,13 @@ from collections.abc import Iterable
 from service.metrics.aggregates import SCALE, Moments
 from service.metrics.ir import MetricKey
 from service.stream.windows import ClosedWindow
+from service.times import HOUR_MS
 
 Row = list[int]
 EMPTY = Moments()
+KEEP_PARTS_MS = HOUR_MS
+"""How long before a slice's newest window a window's per-partition rows are kept (a copy
+published again arrives within the commit interval, or after a restart, of its first)."""
 
 
 def window_row(window: ClosedWindow, metrics: Iterable[MetricKey], labelled_share: bool) -> Row:
@@ -59,13 +68,17 @@ class SliceHistory:
         self.first_start_ms: int | None = None
         """The earliest window ever added (kept when old windows are forgotten)."""
         self._parts: dict[tuple[int, int], Row] = {}
+        """The rows of recent windows per (start, partition)."""
+        self._seen: dict[int, int] = {}
+        """The partitions each start holds, as bits."""
+        self._newest = 0
         self._starts: list[int] = []
         self._values: dict[int, Row] = {}
         self._prefix: list[Row] = [[0] * width]
         self._dirty: int | None = None
 
     def __bool__(self) -> bool:
-        return bool(self._parts)
+        return bool(self._starts)
 
     @property
     def starts(self) -> list[int]:
@@ -76,20 +89,28 @@ class SliceHistory:
         """Add (or replace) the window of one partition."""
         if self.first_start_ms is None or start_ms < self.first_start_ms:
             self.first_start_ms = start_ms
-        old = self._parts.get((start_ms, partition))
-        self._parts[start_ms, partition] = row
+        bit = 1 << partition
+        seen = self._seen.get(start_ms, 0)
         current = self._values.get(start_ms)
-        index = bisect.bisect_left(self._starts, start_ms)
-        if current is None:
-            self._starts.insert(index, start_ms)
-            self._prefix.append([])
-            self._values[start_ms] = list(row)
-        elif old is None:
-            self._values[start_ms] = plus(current, row)
-        elif old != row:
+        if seen & bit:
+            old = self._parts.get((start_ms, partition))
+            if old is None or old == row:
+                return  # the same record again
+            self._parts[start_ms, partition] = row
+            assert current is not None  # (seen)
             self._values[start_ms] = [c - o + r for c, o, r in zip(current, old, row, strict=True)]
         else:
-            return  # the same record again
+            self._seen[start_ms] = seen | bit
+            self._newest = max(self._newest, start_ms)
+            if start_ms >= self._newest - KEEP_PARTS_MS:
+                self._parts[start_ms, partition] = row
+            if current is None:
+                bisect.insort(self._starts, start_ms)
+                self._prefix.append([])
+                self._values[start_ms] = row  # (never changed in place: replaced)
+            else:
+                self._values[start_ms] = plus(current, row)
+        index = bisect.bisect_left(self._starts, start_ms)
         self._dirty = index if self._dirty is None else min(self._dirty, index)
 
     def drop_before(self, start_ms: int) -> None:
@@ -100,6 +121,7 @@ class SliceHistory:
             return
         for start in self._starts[:i]:
             del self._values[start]
+            del self._seen[start]
         self._parts = {k: v for k, v in self._parts.items() if k[0] >= start_ms}
         del self._starts[:i]
         del self._prefix[:i]  # differences of the remaining prefixes stay exact
@@ -130,3 +152,6 @@ class SliceHistory:
         for i in range(self._dirty, len(starts)):
             prefix[i + 1] = plus(prefix[i], values[starts[i]])
         self._dirty = None
+        cut = self._newest - KEEP_PARTS_MS
+        if any(start < cut for start, _ in self._parts):  # fold: merged rows only
+            self._parts = {k: v for k, v in self._parts.items() if k[0] >= cut}

@@ -197,9 +197,10 @@ def test_bench_audit_estimates_runs_and_prints_every_row() -> None:
 
 
 def test_bench_detector_memory_runs_and_counts_each_partitions_rows() -> None:
-    """Tiny sizes: the table prints, and a detector fed the same traffic over more
-    partitions holds more per slice-day (a row per partition and window) while the
-    merged rows it is set against do not grow."""
+    """Tiny sizes: the table prints, and a detector fed the same traffic over three
+    times the partitions holds about as much per slice-day (only the last hour's rows are
+    kept per partition; before, a row per partition and window made it over 1.5 times),
+    as the merged rows it is set against."""
     out = subprocess.run(
         [
             sys.executable,
@@ -224,6 +225,6 @@ def test_bench_detector_memory_runs_and_counts_each_partitions_rows() -> None:
     assert [r[0].strip() for r in rows] == ["1", "3"]
     detector = [float(r[2].split()[0]) for r in rows]
     once = [float(r[3].split()[0]) for r in rows]
-    assert detector[1] > 1.5 * detector[0]
+    assert detector[1] < 1.3 * detector[0]
     assert once[1] == pytest.approx(once[0], rel=0.05)
     assert all(d > o for d, o in zip(detector, once, strict=True))
