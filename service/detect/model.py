@@ -118,10 +118,12 @@ class DetectorConfig:
     drift_budget: float = 0.5
     """Expected false drift alarms per 30 days for the whole deployment (all slices and
     metrics together)."""
-    label_shift_budget: float = 0.25
+    label_shift_budget: float = 0.2
     """Expected false label shifts (tickets, not pages) per 30 days for the whole
     deployment, spent in the drift periods as ``drift_budget`` is, over every slice and
-    label source tested (:mod:`service.detect.label_shift`); beside ``drift_budget``."""
+    label source tested (:mod:`service.detect.label_shift`); beside ``drift_budget``. With
+    a deploy a day (``alpha`` each, 0.3 per 30 days), the defaults bound every false
+    alarm, pages and tickets together, by 0.5 + 0.3 + 0.2 = 1 per 30 days."""
     drift_period_ms: int = duration_field("6h")
     """Drift tests restart every period (epoch-aligned), each spending its share of the
     budget; a slice is compared with itself over the same hours of up to

@@ -249,7 +249,7 @@ def test_the_ledger_brings_back_what_label_shifts_hold() -> None:
 
 
 def test_the_label_shift_budget_is_its_own_and_checked() -> None:
-    assert CONFIG.label_shift_alpha == pytest.approx(0.25 * 6 / (30 * 24))
+    assert CONFIG.label_shift_alpha == pytest.approx(0.2 * 6 / (30 * 24))
     with pytest.raises(ValueError, match="label_shift_budget"):
         DetectorConfig(label_shift_budget=0.0)
     with pytest.raises(ValueError, match="label_shift_budget"):
