@@ -23,11 +23,12 @@ from service.audit.book import estimate_rows
 from service.commands.offline import (
     OFFLINE_HANDLERS,
     add_offline_commands,
+    number,
     positive_int,
     print_json,
 )
 from service.commands.runtime import tune_gc
-from service.commands.simulate import simulation_config
+from service.commands.simulate import add_text_flags, simulation_config
 from service.config import add_settings_flags, monitor_config, settings_from_args
 from service.errors import EXIT_BAD_INPUT, EXIT_FAILURE, ConfigError, RetrievalMonitorError
 from service.metrics.ir import metric_keys
@@ -51,13 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_offline_commands(commands)
     _add_streaming_commands(commands)
     return parser
-
-
-def _float(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def _duration_hours(text: str) -> float:
@@ -113,9 +107,9 @@ def _add_streaming_commands(commands: Any) -> None:
     rollback.add_argument(
         "--no-rollback", action="store_true", help="keep the bad version to the end"
     )
-    demo.add_argument("--quality-drop", type=_float, default=0.15, help="find-rate drop (0.15)")
-    demo.add_argument("--queries-per-hour", type=_float, default=3600.0)
-    demo.add_argument("--speed", type=_float, default=300.0, help="simulated s per wall s (300)")
+    demo.add_argument("--quality-drop", type=number, default=0.15, help="find-rate drop (0.15)")
+    demo.add_argument("--queries-per-hour", type=number, default=3600.0)
+    demo.add_argument("--speed", type=number, default=300.0, help="simulated s per wall s (300)")
     demo.add_argument("--seed", type=int, default=7)
     demo.add_argument("--exit-when-done", action="store_true", help="stop when all is final")
     add_settings_flags(demo)
@@ -170,12 +164,12 @@ def _add_streaming_commands(commands: Any) -> None:
     target.add_argument("--kafka", action="store_true", help="produce to the input topics")
     sim.add_argument("--start", type=_start_ms, default=None, help="now, now-6h or RFC 3339")
     sim.add_argument("--hours", type=_duration_hours, default=6.0, help="simulated span (6h)")
-    sim.add_argument("--queries-per-hour", type=_float, default=3600.0)
+    sim.add_argument("--queries-per-hour", type=number, default=3600.0)
     sim.add_argument("--deploy-at", type=_duration_hours, default=None, help="switch to v8 then")
-    sim.add_argument("--quality-drop", type=_float, default=0.0, help="find-rate drop at deploy")
+    sim.add_argument("--quality-drop", type=number, default=0.0, help="find-rate drop at deploy")
     sim.add_argument(
         "--rank-decay",
-        type=_float,
+        type=number,
         default=HYBRID_V8.rank_decay,
         help=f"rank decay of the deployed version ({HYBRID_V8.rank_decay}; higher ranks lower)",
     )
@@ -195,6 +189,7 @@ def _add_streaming_commands(commands: Any) -> None:
             default=None,
             help=f"from then on, every {labels[:-1]} is half as likely (a label shift)",
         )
+    add_text_flags(sim)
     add_settings_flags(sim)
 
     check = commands.add_parser(

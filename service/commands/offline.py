@@ -25,6 +25,14 @@ def ks_arg(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def number(text: str) -> float:
+    """A command-line number."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -3,7 +3,8 @@
 ``--halve-citations-at`` and ``--halve-clicks-at`` (hours after the start, like
 ``--deploy-at``) halve every citation's or click's probability from then on, for every
 version (a label shift, retrieval unchanged); each ``--judge NAME[:CONFUSION]`` audits the
-queries of the audit sample (``--audit-rate``, the service's setting).
+queries of the audit sample (``--audit-rate``, the service's setting). ``--query-texts N``
+makes queries repeat N texts (:mod:`service.sim.texts`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from service.commands.offline import number, positive_int
 from service.errors import ConfigError
 from service.sim.audit import JudgeModel
 from service.sim.shape import TrafficShape
 from service.sim.simulator import HYBRID_V7, HYBRID_V8, SimulationConfig
+from service.sim.texts import DEFAULT_TEXTS, TextModel
 from service.times import HOUR_MS, wall_ms
 
 HALVED = 0.5
@@ -74,4 +77,42 @@ def simulation_config(args: argparse.Namespace, audit_rate: float) -> Simulation
         shape=shape,
         audit_rate=audit_rate if args.judge else 0.0,
         judges=tuple(parse_judge(text) for text in args.judge),
+        texts=text_model(args),
     )
+
+
+def add_text_flags(sim: argparse.ArgumentParser) -> None:
+    """``--query-texts`` and its two companions."""
+    sim.add_argument(
+        "--query-texts",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="queries repeat N texts, Zipf distributed (the event's 'query'), each keeping "
+        "its segment, relevant chunks and difficulty (none: every query new, no text)",
+    )
+    sim.add_argument(
+        "--zipf-exponent",
+        type=number,
+        default=DEFAULT_TEXTS.exponent,
+        help="with --query-texts: the i-th text's weight is 1 / i ** this "
+        f"({DEFAULT_TEXTS.exponent})",
+    )
+    sim.add_argument(
+        "--text-persistence",
+        type=number,
+        default=DEFAULT_TEXTS.persistence,
+        help="with --query-texts: the share of finding a text's chunks that is the text's "
+        f"own, for every version, in [0, 1) ({DEFAULT_TEXTS.persistence})",
+    )
+
+
+def text_model(args: argparse.Namespace) -> TextModel | None:
+    """``--query-texts`` and its two companions (which need it)."""
+    if args.query_texts is None:
+        if args.zipf_exponent != DEFAULT_TEXTS.exponent or (
+            args.text_persistence != DEFAULT_TEXTS.persistence
+        ):
+            raise ConfigError("--zipf-exponent and --text-persistence need --query-texts N")
+        return None
+    return TextModel(args.query_texts, args.zipf_exponent, args.text_persistence)

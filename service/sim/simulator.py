@@ -21,27 +21,29 @@ audits still to come (hours late, but only for the audit sample's share of the q
 from __future__ import annotations
 
 import heapq
-import json
 import math
-import os
 import random
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
 
 from service.errors import ConfigError
 from service.sim.audit import JudgeModel, audit_events
 from service.sim.clicks import ClickModel, check_rate, simulate_feedback
+from service.sim.events import SimEvent, SimQuery, Topic, encode, write_jsonl
 from service.sim.profiles import HYBRID_V7, HYBRID_V8, RetrieverProfile
 from service.sim.shape import TrafficShape
+from service.sim.texts import (
+    GRADE_WEIGHTS,
+    RELEVANT_COUNT_WEIGHTS,
+    QueryText,
+    TextCatalog,
+    TextModel,
+)
 from service.times import HOUR_MS, rfc3339_millis
 
 DEFAULT_START_MS = 1_796_083_200_000
 """2026-12-01T00:00:00Z."""
 CHUNKS_PER_DOC = 8
-_RELEVANT_COUNT_WEIGHTS = (0.4, 0.3, 0.2, 0.1)  # 1, 2, 3 or 4 relevant chunks
-_GRADE_WEIGHTS = (0.3, 0.4, 0.3)  # grades 1, 2, 3
-Topic = Literal["queries", "feedback"]
 __all__ = [  # (the profiles live in service.sim.profiles and are read from here too)
     "CHUNKS_PER_DOC",
     "DEFAULT_START_MS",
@@ -57,36 +59,6 @@ __all__ = [  # (the profiles live in service.sim.profiles and are read from here
     "simulate_queries",
     "write_jsonl",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class SimEvent:
-    """One event as it would be produced to Kafka: topic, key, JSON-ready body, times."""
-
-    topic: Topic
-    key: str
-    """The query id (both topics are keyed by it)."""
-    event: dict[str, object]
-    timestamp_ms: int
-    """Event time."""
-    arrival_ms: int
-    """Event time plus ingestion lag; the stream is ordered by it."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimQuery:
-    """One query with its hidden ground truth and all of its events (the query event first)."""
-
-    query_id: str
-    timestamp_ms: int
-    retriever: str
-    segment: str
-    results: tuple[str, ...]
-    relevant: Mapping[str, int]
-    """Ground truth: relevant chunk id -> grade 1..3 (never emitted)."""
-    context_k: int
-    """The ``context_k`` its query event logs (the first results the answer was built from)."""
-    events: tuple[SimEvent, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +110,10 @@ class SimulationConfig:
     """Queries in the audit sample at this rate (``service.audit``) are audited; 0: none."""
     judges: tuple[JudgeModel, ...] = ()
     """Who audits the sample (:mod:`service.sim.audit`); none named: one careful judge."""
+    texts: TextModel | None = None
+    """Repeated query texts, Zipf distributed, each keeping its difficulty
+    (:mod:`service.sim.texts`); the query events carry them as ``query``. None: every
+    query is new, and has no text."""
 
     def __post_init__(self) -> None:
         for name in ("abandon_rate", "citation_rate", "citation_noise_rate", "lag_spike_rate"):
@@ -151,7 +127,7 @@ class SimulationConfig:
             raise ConfigError("duration_ms and queries_per_hour must be positive")
         if not 0 <= self.results_per_query <= 1000 or self.context_k < 0:
             raise ConfigError("results_per_query must be in 0..1000 and context_k >= 0")
-        if self.corpus_chunks < 2 * (self.results_per_query + len(_RELEVANT_COUNT_WEIGHTS)):
+        if self.corpus_chunks < 2 * (self.results_per_query + len(RELEVANT_COUNT_WEIGHTS)):
             raise ConfigError(f"corpus_chunks={self.corpus_chunks} is too small for the results")
         if not self.segments or any(w <= 0 or not 1 <= len(s) <= 100 for s, w in self.segments):
             raise ConfigError("segments need 1..100-character names and positive weights")
@@ -224,6 +200,13 @@ class _Simulator:
             if config.id_prefix is None
             else config.id_prefix
         )
+        self.catalog = (
+            None
+            if config.texts is None
+            else TextCatalog(
+                config.texts, config.seed, config.segments, _chunk_id, config.corpus_chunks
+            )
+        )
 
     def lag_ms(self, rng: random.Random | None = None) -> int:
         """An ingestion lag, drawn from ``rng`` (by default the simulator's)."""
@@ -241,14 +224,20 @@ class _Simulator:
         u = self.rng.random()
         return min(n - 1, int(math.log1p(-u * (1.0 - decay**n)) / math.log(decay)))
 
-    def results(self, profile: RetrieverProfile, relevant: Mapping[str, int]) -> list[str]:
-        c, rng = self.config, self.rng
+    def results(
+        self, profile: RetrieverProfile, relevant: Mapping[str, int], text: QueryText | None
+    ) -> list[str]:
+        c, rng, catalog = self.config, self.rng, self.catalog
         n = c.results_per_query
         if n == 0 or rng.random() < profile.empty_rate:
             return []
         slots: list[str | None] = [None] * n
         for chunk in relevant:
-            if rng.random() < profile.find_rate:
+            if (
+                rng.random() < profile.find_rate
+                if text is None or catalog is None
+                else catalog.found(rng, text, chunk, profile.find_rate)
+            ):
                 want = self.rank(profile, n)  # taken: the next free rank below, else above
                 free = [i for i in range(want, n) if slots[i] is None] or [
                     i for i in range(want - 1, -1, -1) if slots[i] is None
@@ -264,18 +253,27 @@ class _Simulator:
                     slots[i] = chunk
         return [s for s in slots if s is not None]
 
+    def truth(self, text: QueryText | None) -> tuple[str, dict[str, int]]:
+        """A query's segment and relevant chunks: its text's, or drawn afresh."""
+        if text is not None:
+            return text.segment, text.relevant
+        c, rng = self.config, self.rng
+        segment = rng.choices(self.segment_names, self.segment_weights)[0]
+        n_relevant = rng.choices((1, 2, 3, 4), RELEVANT_COUNT_WEIGHTS)[0]
+        relevant: dict[str, int] = {}
+        while len(relevant) < n_relevant:
+            chunk = _chunk_id(rng.randrange(c.corpus_chunks))
+            relevant.setdefault(chunk, rng.choices((1, 2, 3), GRADE_WEIGHTS)[0])
+        return segment, relevant
+
     def query(self, number: int, timestamp_ms: int) -> SimQuery:
         c, rng = self.config, self.rng
         query_id = f"{self.prefix}{number}"
         draw = rng.random() if c.shape is not None and c.shape.shapes_traffic else 0.0
-        segment = rng.choices(self.segment_names, self.segment_weights)[0]
+        text = None if self.catalog is None else self.catalog.draw(rng)
+        segment, relevant = self.truth(text)
         profile = c.profile_at(timestamp_ms, draw, segment)  # (draws nothing)
-        n_relevant = rng.choices((1, 2, 3, 4), _RELEVANT_COUNT_WEIGHTS)[0]
-        relevant: dict[str, int] = {}
-        while len(relevant) < n_relevant:
-            chunk = _chunk_id(rng.randrange(c.corpus_chunks))
-            relevant.setdefault(chunk, rng.choices((1, 2, 3), _GRADE_WEIGHTS)[0])
-        results = self.results(profile, relevant)
+        results = self.results(profile, relevant, text)
         body: dict[str, object] = {
             "query_id": query_id,
             "timestamp": rfc3339_millis(timestamp_ms),
@@ -284,6 +282,8 @@ class _Simulator:
             "context_k": c.context_k,
             "segment": segment,
         }
+        if text is not None:
+            body["query"] = text.text
         if rng.random() < c.scored_results_rate:
             score = rng.uniform(0.75, 0.95)
             scored: list[dict[str, object]] = []
@@ -366,27 +366,3 @@ def generate(config: SimulationConfig) -> Iterator[SimEvent]:
             sequence += 1
     while pending:
         yield heapq.heappop(pending)[2]
-
-
-def encode(event: SimEvent) -> bytes:
-    """The event body as compact UTF-8 JSON (the Kafka message value)."""
-    return json.dumps(event.event, separators=(",", ":")).encode()
-
-
-class _TextSink(Protocol):
-    def write(self, text: str, /) -> object: ...
-
-
-def write_jsonl(
-    events: Iterable[SimEvent], path_or_file: str | os.PathLike[str] | _TextSink
-) -> int:
-    """Write the replay format, ``{"topic": ..., "event": {...}}`` per line; return the count."""
-    if isinstance(path_or_file, str | os.PathLike):
-        with open(path_or_file, "w", encoding="utf-8") as sink:
-            return write_jsonl(events, sink)
-    count = 0
-    for event in events:
-        line = json.dumps({"topic": event.topic, "event": event.event}, separators=(",", ":"))
-        path_or_file.write(line + "\n")
-        count += 1
-    return count

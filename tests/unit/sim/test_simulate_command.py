@@ -83,3 +83,24 @@ def test_bad_values_exit_2_with_a_reason(
     assert code == 2
     assert message in capsys.readouterr().err
     assert not path.exists()
+
+
+def test_query_texts_repeat_and_their_companion_flags_need_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--query-texts 50``: every query event names one of 50 texts, the most asked
+    (exponent 1.2) far more often than the rest; the text's segment is always the same.
+    Without it the events have no text, and its two companions are refused."""
+    events = run(tmp_path, "texts.jsonl", "--query-texts", "50", "--zipf-exponent", "1.2")
+    queries = [e for e in events if "results" in e]
+    texts = collections.Counter(str(e["query"]) for e in queries)
+    assert len(texts) <= 50
+    [(top, count)] = texts.most_common(1)
+    assert count > 5 * len(queries) / 50
+    assert len({e["segment"] for e in queries if e["query"] == top}) == 1
+    assert not any("query" in e for e in run(tmp_path, "plain.jsonl") if "results" in e)
+    flags = ["simulate", "--jsonl", str(tmp_path / "x.jsonl"), *START, "--hours", "1h"]
+    assert main([*flags, "--text-persistence", "0.9"]) == 2
+    assert "--text-persistence need --query-texts N" in capsys.readouterr().err
+    assert main([*flags, "--query-texts", "5", "--text-persistence", "1"]) == 2
+    assert "persistence must be in [0, 1)" in capsys.readouterr().err
