@@ -64,6 +64,7 @@ bench: $(STAMP) ## benchmarks (figures as ratios against a baseline measured in 
 	$(BIN)/python tests/benchmarks/bench_detector.py
 	$(BIN)/python tests/benchmarks/bench_day_baseline.py
 	$(BIN)/python tests/benchmarks/bench_detector_memory.py
+	$(BIN)/python tests/benchmarks/bench_cuped.py
 	$(BIN)/python tests/benchmarks/bench_global_view.py
 	$(BIN)/python tests/benchmarks/bench_pipeline.py
 	$(BIN)/python tests/benchmarks/bench_window_records.py
