@@ -216,12 +216,14 @@ class _Simulator:
         mean = c.mean_arrival_delay_ms
         return min(c.max_arrival_delay_ms, int(rng.expovariate(1 / mean))) if mean else 0
 
-    def rank(self, profile: RetrieverProfile, n: int) -> int:
-        """A 0-based rank from the geometric distribution truncated to n ranks."""
+    def rank(self, profile: RetrieverProfile, n: int, u: float | None = None) -> int:
+        """A 0-based rank from the geometric distribution truncated to n ranks, at the
+        uniform ``u`` (by default drawn here)."""
         decay = profile.rank_decay
         if decay == 0.0:
             return 0
-        u = self.rng.random()
+        if u is None:
+            u = self.rng.random()
         return min(n - 1, int(math.log1p(-u * (1.0 - decay**n)) / math.log(decay)))
 
     def results(
@@ -238,7 +240,8 @@ class _Simulator:
                 if text is None or catalog is None
                 else catalog.found(rng, text, chunk, profile.find_rate)
             ):
-                want = self.rank(profile, n)  # taken: the next free rank below, else above
+                u = None if text is None or catalog is None else catalog.placed(rng, text, chunk)
+                want = self.rank(profile, n, u)  # taken: the next free rank below, else above
                 free = [i for i in range(want, n) if slots[i] is None] or [
                     i for i in range(want - 1, -1, -1) if slots[i] is None
                 ]

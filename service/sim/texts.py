@@ -14,7 +14,9 @@ find_rate``, ``e`` a fresh standard normal per query, ``rho ** 2`` =
 ``persistence``. At 0 repeats are independent; near 1 a text's chunk is found almost
 always or almost never, by every version (a hard text stays hard after a deploy): the
 share of a query's variance its text's history can explain, which is what a
-per-text variance reduction (CUPED) can remove.
+per-text variance reduction (CUPED) can remove. Where a found chunk is ranked is drawn
+the same way, from a second latent ``z`` per chunk, at the version's own rank decay: a
+retriever ranks a repeated text alike, up to the same persistence.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ class QueryText:
     """Relevant chunk id -> grade 1..3."""
     latent: dict[str, float]
     """Relevant chunk id -> its difficulty ``z``."""
+    placement: dict[str, float]
+    """Relevant chunk id -> how low versions rank it when they find it (a ``z`` too)."""
 
 
 def normal_cdf(x: float) -> float:
@@ -112,8 +116,15 @@ class TextCatalog:
         """Whether a retriever with ``find_rate`` finds ``chunk`` for this query of
         ``text`` (one draw of ``rng``): probability ``find_rate``, correlated over the
         text's repeats through the chunk's difficulty."""
-        x = self.rho * text.latent[chunk] + self.noise * rng.gauss(0.0, 1.0)
-        return normal_cdf(x) < find_rate
+        return self._uniform(rng, text.latent[chunk]) < find_rate
+
+    def placed(self, rng: random.Random, text: QueryText, chunk: str) -> float:
+        """The uniform that places a found ``chunk`` in the ranking (one draw of ``rng``):
+        uniform over the queries, correlated over the text's repeats as finding it is."""
+        return self._uniform(rng, text.placement[chunk])
+
+    def _uniform(self, rng: random.Random, z: float) -> float:
+        return normal_cdf(self.rho * z + self.noise * rng.gauss(0.0, 1.0))
 
     def _make(self, rank: int) -> QueryText:
         own = random.Random(f"{self.seed}/text/{rank}")  # (a str seed is hashed stably)
@@ -124,4 +135,5 @@ class TextCatalog:
             chunk = self.chunk_id(own.randrange(self.corpus_chunks))
             relevant.setdefault(chunk, own.choices((1, 2, 3), GRADE_WEIGHTS)[0])
         latent = {chunk: own.gauss(0.0, 1.0) for chunk in relevant}
-        return QueryText(rank, f"query text {rank}", segment, relevant, latent)
+        placement = {chunk: own.gauss(0.0, 1.0) for chunk in relevant}
+        return QueryText(rank, f"query text {rank}", segment, relevant, latent, placement)

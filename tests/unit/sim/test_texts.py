@@ -130,3 +130,32 @@ def test_repeats_of_a_text_agree_more_the_more_persistent_it_is() -> None:
 def test_a_text_model_out_of_range_is_refused(field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field):
         TextModel(**{field: value})  # type: ignore[arg-type]
+
+
+def test_a_found_chunks_rank_keeps_its_law_and_repeats_with_its_text() -> None:
+    """The rank of a found chunk has the version's truncated geometric law over all the
+    queries (its uniform is uniform whatever the persistence), and at a persistence of
+    0.9 one text's repeats place its chunk far more alike than different texts do."""
+    catalog = _catalog(TextModel(texts=400, exponent=0.0, persistence=0.9))
+    rng = random.Random(12)
+    u = []
+    for _ in range(4_000):
+        text = catalog.draw(rng)
+        u.append(catalog.placed(rng, text, next(iter(text.placement))))
+    for q in (0.1, 0.5, 0.9):  # the uniform's quantiles, within 4 standard errors
+        share = sum(x < q for x in u) / len(u)
+        assert abs(share - q) < 4 * math.sqrt(q * (1 - q) / len(u)) + 0.02, q
+
+    def within_text_spread(persistence: float) -> float:
+        texts = _catalog(TextModel(texts=30, exponent=0.0, persistence=persistence))
+        spreads = []
+        for rank in range(1, 31):
+            text = texts._make(rank)
+            chunk = next(iter(text.placement))
+            draws = [texts.placed(rng, text, chunk) for _ in range(50)]
+            mean = sum(draws) / len(draws)
+            spreads.append(sum((d - mean) ** 2 for d in draws) / (len(draws) - 1))
+        return sum(spreads) / len(spreads)
+
+    assert within_text_spread(0.0) == pytest.approx(1 / 12, rel=0.15)  # a uniform's variance
+    assert within_text_spread(0.9) < 0.35 / 12
