@@ -92,6 +92,7 @@ class SliceHistory:
         bit = 1 << partition
         seen = self._seen.get(start_ms, 0)
         current = self._values.get(start_ms)
+        index = bisect.bisect_left(self._starts, start_ms)
         if seen & bit:
             old = self._parts.get((start_ms, partition))
             if old is None or old == row:
@@ -105,12 +106,11 @@ class SliceHistory:
             if start_ms >= self._newest - KEEP_PARTS_MS:
                 self._parts[start_ms, partition] = row
             if current is None:
-                bisect.insort(self._starts, start_ms)
+                self._starts.insert(index, start_ms)
                 self._prefix.append([])
                 self._values[start_ms] = row  # (never changed in place: replaced)
             else:
                 self._values[start_ms] = plus(current, row)
-        index = bisect.bisect_left(self._starts, start_ms)
         self._dirty = index if self._dirty is None else min(self._dirty, index)
 
     def drop_before(self, start_ms: int) -> None:

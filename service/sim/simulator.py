@@ -33,11 +33,11 @@ from service.sim.events import SimEvent, SimQuery, Topic, encode, write_jsonl
 from service.sim.profiles import HYBRID_V7, HYBRID_V8, RetrieverProfile
 from service.sim.shape import TrafficShape
 from service.sim.texts import (
-    GRADE_WEIGHTS,
     RELEVANT_COUNT_WEIGHTS,
     QueryText,
     TextCatalog,
     TextModel,
+    draw_truth,
 )
 from service.times import HOUR_MS, rfc3339_millis
 
@@ -260,14 +260,9 @@ class _Simulator:
         """A query's segment and relevant chunks: its text's, or drawn afresh."""
         if text is not None:
             return text.segment, text.relevant
-        c, rng = self.config, self.rng
-        segment = rng.choices(self.segment_names, self.segment_weights)[0]
-        n_relevant = rng.choices((1, 2, 3, 4), RELEVANT_COUNT_WEIGHTS)[0]
-        relevant: dict[str, int] = {}
-        while len(relevant) < n_relevant:
-            chunk = _chunk_id(rng.randrange(c.corpus_chunks))
-            relevant.setdefault(chunk, rng.choices((1, 2, 3), GRADE_WEIGHTS)[0])
-        return segment, relevant
+        return draw_truth(
+            self.rng, self.segment_names, self.segment_weights, _chunk_id, self.config.corpus_chunks
+        )
 
     def query(self, number: int, timestamp_ms: int) -> SimQuery:
         c, rng = self.config, self.rng

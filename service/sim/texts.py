@@ -75,6 +75,24 @@ class QueryText:
     """Relevant chunk id -> how low versions rank it when they find it (a ``z`` too)."""
 
 
+def draw_truth(
+    rng: random.Random,
+    segments: Sequence[str],
+    weights: Sequence[float],
+    chunk_id: Callable[[int], str],
+    corpus_chunks: int,
+) -> tuple[str, dict[str, int]]:
+    """A query's segment and relevant chunks (1 to 4, graded 1 to 3), drawn from ``rng``
+    in a fixed order: a new query's, or a text's once."""
+    segment = rng.choices(segments, weights)[0]
+    n_relevant = rng.choices((1, 2, 3, 4), RELEVANT_COUNT_WEIGHTS)[0]
+    relevant: dict[str, int] = {}
+    while len(relevant) < n_relevant:
+        chunk = chunk_id(rng.randrange(corpus_chunks))
+        relevant.setdefault(chunk, rng.choices((1, 2, 3), GRADE_WEIGHTS)[0])
+    return segment, relevant
+
+
 def normal_cdf(x: float) -> float:
     """The standard normal distribution function."""
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
@@ -128,12 +146,9 @@ class TextCatalog:
 
     def _make(self, rank: int) -> QueryText:
         own = random.Random(f"{self.seed}/text/{rank}")  # (a str seed is hashed stably)
-        segment = own.choices(self.segments, self.segment_weights)[0]
-        n_relevant = own.choices((1, 2, 3, 4), RELEVANT_COUNT_WEIGHTS)[0]
-        relevant: dict[str, int] = {}
-        while len(relevant) < n_relevant:
-            chunk = self.chunk_id(own.randrange(self.corpus_chunks))
-            relevant.setdefault(chunk, own.choices((1, 2, 3), GRADE_WEIGHTS)[0])
+        segment, relevant = draw_truth(
+            own, self.segments, self.segment_weights, self.chunk_id, self.corpus_chunks
+        )
         latent = {chunk: own.gauss(0.0, 1.0) for chunk in relevant}
         placement = {chunk: own.gauss(0.0, 1.0) for chunk in relevant}
         return QueryText(rank, f"query text {rank}", segment, relevant, latent, placement)

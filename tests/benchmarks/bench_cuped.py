@@ -59,7 +59,7 @@ SKEW_MS = 5_000
 
 @dataclass(frozen=True, slots=True)
 class Queries:
-    """One run's labelled queries: time, new version or not, text rank, metric values."""
+    """One run's labelled queries: time, new version or not, text (an id), metric values."""
 
     switch_ms: int
     ts: np.ndarray
@@ -73,6 +73,7 @@ def labelled_queries(kind: str, seed: int, model: TextModel) -> Queries:
     sim = replace(simulation(kind, seed, 1500.0, history_days=HISTORY_DAYS), texts=model)
     policy = LabelPolicy()
     rankings, judgments, ts, new, text = [], [], [], [], []
+    text_ids: dict[str, int] = {}  # each text as a small integer, in order of appearance
     for q in simulate_queries(sim):
         grades: dict[str, int] = {}
         for event in q.events[1:]:
@@ -89,7 +90,7 @@ def labelled_queries(kind: str, seed: int, model: TextModel) -> Queries:
         judgments.append(grades)
         ts.append(q.timestamp_ms)
         new.append(q.retriever != sim.before.name)
-        text.append(int(str(q.events[0].event["query"]).rsplit(" ", 1)[1]))
+        text.append(text_ids.setdefault(str(q.events[0].event["query"]), len(text_ids)))
     metrics = compute_metrics(judge_batch(rankings, judgments, ideal_depth=10), (5, 10))
     assert sim.switch_at_ms is not None
     return Queries(
